@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Set up (or refresh) the local virtualenv, then run one job: `demo` or `test`.
+#   bash scripts/run.sh demo   -> the stickless demo on a 3-node LocalCluster
+#   bash scripts/run.sh test   -> lint, type check and the whole test suite
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+job="${1:-test}"
+shift || true
+
+python_bin="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$python_bin" -m venv .venv
+fi
+# Refresh the install every time so a changed pyproject.toml is picked up.
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+
+case "$job" in
+  demo)
+    exec .venv/bin/stickless demo "$@"
+    ;;
+  test)
+    .venv/bin/ruff check stickless tests
+    .venv/bin/mypy stickless
+    exec .venv/bin/python -m pytest -q "$@"
+    ;;
+  *)
+    echo "usage: scripts/run.sh demo|test" >&2
+    exit 2
+    ;;
+esac

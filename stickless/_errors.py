@@ -1,0 +1,108 @@
+"""The error hierarchy and failure codes; every error pickles (Ray ships them across processes)."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+
+class FailureCode(enum.StrEnum):
+    """Why a turn did not succeed."""
+
+    FAILED = "FAILED"
+    INTERRUPTED = "INTERRUPTED"
+    HOLDER_LOST = "HOLDER_LOST"
+    LEASE_LOST = "LEASE_LOST"
+    NOT_HOLDER = "NOT_HOLDER"
+    UNREADABLE = "UNREADABLE"
+    CONFLICTING_AGENT = "CONFLICTING_AGENT"
+    EVICTED = "EVICTED"
+    FORWARD_TIMEOUT = "FORWARD_TIMEOUT"
+
+    @classmethod
+    def parse(cls, value: str) -> FailureCode:
+        """Decode a code from the wire; codes this node does not know become FAILED."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.FAILED
+
+
+class SticklessError(Exception):
+    """Base of every error stickless raises."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message,))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ConflictingAgentError(SticklessError):
+    """The session is bound to a different agent (HTTP 409)."""
+
+
+class IdempotencyConflictError(SticklessError):
+    """The idempotency key was used before with a different input (HTTP 409)."""
+
+
+class SessionBusyError(SticklessError):
+    """Delete could not take the session from its holder in time (HTTP 409)."""
+
+
+class BackendUnavailableError(SticklessError):
+    """A shared backend could not be reached (HTTP 503); nothing was reserved."""
+
+
+class RouterClosedError(SticklessError):
+    """The router is closed or was killed; it accepts no more work."""
+
+
+class InvalidRequestError(SticklessError, ValueError):
+    """The request failed validation (HTTP 400); the message names the field and the rule."""
+
+
+class TurnFailedError(SticklessError):
+    """A turn did not succeed; `.code` says why."""
+
+    def __init__(
+        self,
+        code: FailureCode,
+        message: str = "",
+        *,
+        session_id: str = "",
+        turn_id: str = "",
+    ) -> None:
+        super().__init__(f"{code.value}: {message}" if message else code.value)
+        self.code = code
+        self.detail = message
+        self.session_id = session_id
+        self.turn_id = turn_id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_turn_failure,
+            (type(self), self.code.value, self.detail, self.session_id, self.turn_id),
+        )
+
+    @staticmethod
+    def of(
+        code: FailureCode, message: str = "", *, session_id: str = "", turn_id: str = ""
+    ) -> TurnFailedError:
+        """Build the right subclass for `code` (CONFLICTING_AGENT is also a ConflictingAgentError)."""
+        cls = TurnConflictingAgentError if code is FailureCode.CONFLICTING_AGENT else TurnFailedError
+        return cls(code, message, session_id=session_id, turn_id=turn_id)
+
+
+class TurnConflictingAgentError(TurnFailedError, ConflictingAgentError):
+    """A queued message was rejected because the session is bound to another agent."""
+
+
+def _rebuild_turn_failure(
+    cls: type[TurnFailedError], code: str, message: str, session_id: str, turn_id: str
+) -> TurnFailedError:
+    return cls(FailureCode.parse(code), message, session_id=session_id, turn_id=turn_id)

@@ -1,0 +1,111 @@
+"""Turn event frames streamed to subscribers on every node."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, TypeAdapter
+
+from ._errors import FailureCode
+from ._types import PrimitiveMap
+
+
+class _Frame(BaseModel):
+    """Fields every frame carries; the relay stamps them, the agent leaves them empty."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    session_id: StrictStr = ""
+    turn_id: StrictStr = ""
+    seq: int = 0
+    event_id: StrictStr | None = None
+
+
+class TurnStarted(_Frame):
+    type: Literal["turn_started"] = "turn_started"
+    executed_by: StrictStr = ""
+
+
+class TextDelta(_Frame):
+    type: Literal["text_delta"] = "text_delta"
+    text: StrictStr
+
+
+class ReasoningDelta(_Frame):
+    type: Literal["reasoning_delta"] = "reasoning_delta"
+    text: StrictStr
+
+
+class ToolUseStarted(_Frame):
+    type: Literal["tool_use_started"] = "tool_use_started"
+    tool_use_id: StrictStr
+    name: StrictStr
+    input_summary: PrimitiveMap = Field(default_factory=dict)
+
+
+class ToolUseFinished(_Frame):
+    type: Literal["tool_use_finished"] = "tool_use_finished"
+    tool_use_id: StrictStr
+    name: StrictStr
+    ok: StrictBool = True
+    output_summary: StrictStr = ""
+
+
+class MessageCompleted(_Frame):
+    type: Literal["message_completed"] = "message_completed"
+    text: StrictStr
+
+
+class TurnCompleted(_Frame):
+    type: Literal["turn_completed"] = "turn_completed"
+    text: StrictStr = ""
+    data: PrimitiveMap = Field(default_factory=dict)
+
+
+class TurnFailed(_Frame):
+    type: Literal["turn_failed"] = "turn_failed"
+    code: FailureCode = FailureCode.FAILED
+    message: StrictStr = ""
+
+
+class Interrupted(_Frame):
+    type: Literal["interrupted"] = "interrupted"
+    reason: StrictStr
+
+
+class Rejected(_Frame):
+    type: Literal["rejected"] = "rejected"
+    reason: StrictStr
+    message: StrictStr = ""
+
+
+Event = Annotated[
+    TurnStarted
+    | TextDelta
+    | ReasoningDelta
+    | ToolUseStarted
+    | ToolUseFinished
+    | MessageCompleted
+    | TurnCompleted
+    | TurnFailed
+    | Interrupted
+    | Rejected,
+    Field(discriminator="type"),
+]
+
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+TERMINAL_EVENTS = (TurnCompleted, TurnFailed, Interrupted, Rejected)
+
+
+def is_terminal(event: Event) -> bool:
+    """True for the frames that end a turn for a subscriber."""
+    return isinstance(event, TERMINAL_EVENTS)
+
+
+def drop_rank(event: Event) -> int:
+    """Overflow rank: reasoning (0) is shed before text (1), before everything else (2)."""
+    if isinstance(event, ReasoningDelta):
+        return 0
+    if isinstance(event, TextDelta):
+        return 1
+    return 2

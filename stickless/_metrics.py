@@ -1,0 +1,83 @@
+"""Operational hooks (seed §12): framework-neutral, no-op by default, never allowed to break a session."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+log = logging.getLogger("stickless.metrics")
+
+
+class SessionMetrics(Protocol):
+    """Hooks a deployment may implement; each runs on the thread that raised the event and must
+    not block. A hook that raises is logged and ignored."""
+
+    def on_lock_acquire(self, session_id: str, acquired: bool, latency: float) -> None: ...
+
+    def on_cache_hit(self, session_id: str) -> None: ...
+
+    def on_cache_miss(self, session_id: str) -> None: ...
+
+    def on_evict(self, session_id: str, reason: str) -> None: ...
+
+    def on_lease_extend_failed(self, session_id: str) -> None: ...
+
+    def on_submit(self, session_id: str, kind: str) -> None: ...
+
+    def on_holder_loss(self, session_id: str, turn_id: str) -> None: ...
+
+    def on_takeover_rejected(self, session_id: str, key: str) -> None: ...
+
+    def on_forward_doorbell_rerung(self, session_id: str) -> None: ...
+
+    def on_events_dropped(self, session_id: str, count: int) -> None: ...
+
+
+class NoopMetrics:
+    """The default: every hook does nothing."""
+
+    def on_lock_acquire(self, session_id: str, acquired: bool, latency: float) -> None:
+        return None
+
+    def on_cache_hit(self, session_id: str) -> None:
+        return None
+
+    def on_cache_miss(self, session_id: str) -> None:
+        return None
+
+    def on_evict(self, session_id: str, reason: str) -> None:
+        return None
+
+    def on_lease_extend_failed(self, session_id: str) -> None:
+        return None
+
+    def on_submit(self, session_id: str, kind: str) -> None:
+        return None
+
+    def on_holder_loss(self, session_id: str, turn_id: str) -> None:
+        return None
+
+    def on_takeover_rejected(self, session_id: str, key: str) -> None:
+        return None
+
+    def on_forward_doorbell_rerung(self, session_id: str) -> None:
+        return None
+
+    def on_events_dropped(self, session_id: str, count: int) -> None:
+        return None
+
+
+NOOP_METRICS: SessionMetrics = NoopMetrics()
+
+
+class SafeMetrics:
+    """Wraps a SessionMetrics so that a failing hook is logged, never raised."""
+
+    def __init__(self, inner: SessionMetrics) -> None:
+        self._inner = inner
+
+    def emit(self, hook: str, *args: Any) -> None:
+        try:
+            getattr(self._inner, hook)(*args)
+        except Exception:
+            log.exception("metrics hook %s failed", hook)

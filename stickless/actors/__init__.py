@@ -1,0 +1,19 @@
+"""Session actors: mailbox, live handle, turn execution and event relay."""
+
+from ._actor import ActorHost, RunningTurn, SessionActor, StopReason
+from ._relay import EventRelay, RankedQueue, Subscriber, SubscriberHub, drain_subscriber
+from ._work import Takeover, TurnWork
+
+__all__ = [
+    "ActorHost",
+    "EventRelay",
+    "RankedQueue",
+    "RunningTurn",
+    "SessionActor",
+    "StopReason",
+    "Subscriber",
+    "SubscriberHub",
+    "Takeover",
+    "TurnWork",
+    "drain_subscriber",
+]

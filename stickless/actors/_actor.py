@@ -1,0 +1,477 @@
+"""The session actor: one per session this node holds; owns the live handle, turn gate and relay.
+
+An actor exists on a node only while that node holds the session's lease. Its task runs only
+while its mailbox has work (an idle actor costs its handle and a little bookkeeping); messages are
+processed one at a time, so a turn, a drain and a stop never overlap on one node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import heapq
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .._config import RouterConfig
+from .._errors import FailureCode
+from .._events import Event, Interrupted, Rejected, TurnCompleted, TurnFailed, TurnStarted
+from .._session import LiveSession, Transcript, TurnContext
+from .._types import CommittedEntry, Priority, TurnOutput
+from ..backends.base import Backends, FencedOut, InboundMessage, Lease, UnreadableEntry
+from ..wire import Outcome
+from ._relay import EventRelay
+from ._work import Takeover, TurnWork
+
+log = logging.getLogger("stickless.actor")
+
+
+class StopReason(enum.Enum):
+    """Why an actor stops; decides the interrupt reason and what happens to queued work."""
+
+    RELEASE = "SESSION_RELEASED"
+    DELETE = "SESSION_DELETED"
+    HANDOFF = "SESSION_HANDOFF"
+    LEASE_LOST = "LEASE_LOST"
+    EVICTED = "SESSION_EVICTED"
+    IDLE = "IDLE"
+    LRU = "LRU"
+    SHUTDOWN = "SYSTEM_SHUTDOWN"
+
+    @property
+    def ends_queue(self) -> bool:
+        """Release, delete and a peer's EVICT end the session's queue: waiting work is EVICTED."""
+        return self in (StopReason.RELEASE, StopReason.DELETE, StopReason.EVICTED)
+
+    @property
+    def interrupt_code(self) -> FailureCode:
+        return FailureCode.LEASE_LOST if self is StopReason.LEASE_LOST else FailureCode.INTERRUPTED
+
+
+class ActorHost(Protocol):
+    """What a session actor needs from its node supervisor."""
+
+    @property
+    def node_id(self) -> str: ...
+
+    @property
+    def config(self) -> RouterConfig: ...
+
+    @property
+    def backends(self) -> Backends: ...
+
+    async def open_handle(
+        self, session_id: str, agent_ref: str, attributes: Mapping[str, Any]
+    ) -> LiveSession: ...
+
+    async def deliver_frames(self, session_id: str, frames: Sequence[Event]) -> None: ...
+
+    async def complete(self, work: TurnWork, outcome: Outcome) -> None: ...
+
+    async def take_over(self, message: InboundMessage) -> TurnWork: ...
+
+    async def answer_unreadable(self, session_id: str, entry: UnreadableEntry) -> None: ...
+
+    def actor_state_changed(self, actor: SessionActor) -> None: ...
+
+
+@dataclass
+class RunningTurn:
+    """The turn in progress: its work, context, relay and agent task."""
+
+    work: TurnWork
+    context: TurnContext
+    relay: EventRelay
+    task: asyncio.Task[TurnOutput] | None = None
+    interrupt_code: FailureCode | None = None
+    interrupt_reason: str = ""
+    #: NOW messages the agent accepted into this turn; they get this turn's outcome.
+    joined: list[TurnWork] = field(default_factory=list)
+
+
+class SessionActor:
+    """Serializes one session's turns on the node that holds its lease."""
+
+    def __init__(
+        self, host: ActorHost, session_id: str, lease: Lease, agent_ref: str | None
+    ) -> None:
+        self._host = host
+        self.session_id = session_id
+        self.lease: Lease | None = lease
+        #: Token of the lease this actor was created under (kept after the lease is dropped).
+        self.token = lease.token
+        self.agent_ref = agent_ref
+        self._provisioned = agent_ref is not None
+        self._mailbox: list[tuple[tuple[int, int], TurnWork]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._handle: LiveSession | None = None
+        self.running: RunningTurn | None = None
+        self._rung = False
+        self.accepting = True
+        self.close_requested = False
+        self._stopping: asyncio.Future[list[TurnWork]] | None = None
+        self._side_tasks: set[asyncio.Task[Any]] = set()
+        self.last_active = asyncio.get_running_loop().time()
+        self.renewed_at = self.last_active
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The actor's running task, if it is processing its mailbox."""
+        return self._task
+
+    @property
+    def busy(self) -> bool:
+        """True while the actor's task runs (a turn, a drain or a collect)."""
+        return self._task is not None
+
+    @property
+    def queued(self) -> int:
+        return len(self._mailbox)
+
+    @property
+    def has_handle(self) -> bool:
+        return self._handle is not None
+
+    # ------------------------------------------------------------------ messages
+
+    def enqueue(self, work: TurnWork) -> None:
+        """Add a turn to the mailbox (NOW work is first offered to a running turn)."""
+        self.last_active = asyncio.get_running_loop().time()
+        if self.running is not None and work.priority is Priority.NOW:
+            self._spawn(self._offer_injection([work]))
+            return
+        heapq.heappush(self._mailbox, (work.sort_key, work))
+        self._kick()
+
+    def ring(self) -> None:
+        """The doorbell: collect the inbox before the next turn (NOW ones into a running turn)."""
+        self._rung = True
+        if self.running is not None:
+            self._spawn(self._inject_from_inbox())
+        self._kick()
+
+    def interrupt(
+        self, reason: str, turn_id: str | None = None, code: FailureCode = FailureCode.INTERRUPTED
+    ) -> bool:
+        """Interrupt the active turn (only if it is `turn_id`, when given); False if no-op."""
+        running = self.running
+        if running is None or running.interrupt_code is not None:
+            return False
+        if turn_id is not None and running.work.turn_id != turn_id:
+            return False
+        running.interrupt_code = code
+        running.interrupt_reason = reason
+        running.context.interrupted.set()
+        self._spawn(self._escalate_interrupt(running, reason))
+        return True
+
+    def drop_lease(self) -> None:
+        """Forget the lease at once (renewal failed): the next fenced commit is refused locally."""
+        self.lease = None
+
+    async def stop(self, reason: StopReason) -> list[TurnWork]:
+        """Stop accepting, end the running turn (interrupt, then cancel after the timeout), close
+        the handle, and return the queued work that never started (the caller disposes of it)."""
+        if self._stopping is not None:
+            await asyncio.shield(self._stopping)
+            return []
+        self._stopping = asyncio.get_running_loop().create_future()
+        try:
+            pending = await self._stop(reason)
+        except BaseException as exc:
+            self._stopping.set_exception(exc)
+            self._stopping.exception()
+            raise
+        self._stopping.set_result(pending)
+        return pending
+
+    def abort(self) -> None:
+        """Cancel everything without any release or announcement (a simulated crash)."""
+        self.accepting = False
+        for task in (self._task, *self._side_tasks):
+            if task is not None:
+                task.cancel()
+        if self.running is not None:
+            self.running.relay.abort()
+            if self.running.task is not None:
+                self.running.task.cancel()
+
+    # ------------------------------------------------------------------ internals
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+
+    def _kick(self) -> None:
+        if self._task is None and self.accepting:
+            self._task = asyncio.get_running_loop().create_task(
+                self._loop(), name=f"actor:{self.session_id}"
+            )
+            self._host.actor_state_changed(self)
+
+    async def _loop(self) -> None:
+        try:
+            while self.accepting:
+                self._rung = False
+                await self._collect(Priority.LATER)  # always collect before a turn (orphans)
+                if not self._mailbox:
+                    if self._rung and self.accepting:
+                        continue
+                    break
+                _, work = heapq.heappop(self._mailbox)
+                await self._execute(work)
+        finally:
+            self._task = None
+            self.last_active = asyncio.get_running_loop().time()
+            self._host.actor_state_changed(self)
+
+    async def _collect(self, max_priority: Priority) -> list[TurnWork]:
+        """Move inbox messages into the mailbox (or return them when `max_priority` is NOW)."""
+        if self.lease is None:
+            return []
+        try:
+            batch = await self._host.backends.inbox.collect(self.session_id, max_priority)
+        except Exception as exc:
+            log.warning("collect failed for %s: %s", self.session_id, exc)
+            return []
+        for entry in batch.unreadable:
+            await self._host.answer_unreadable(self.session_id, entry)
+        taken = [await self._host.take_over(message) for message in batch.messages]
+        if max_priority is Priority.NOW:
+            return taken
+        for work in taken:
+            heapq.heappush(self._mailbox, (work.sort_key, work))
+        return []
+
+    async def _offer_injection(self, works: list[TurnWork]) -> None:
+        running = self.running
+        inject = getattr(self._handle, "inject", None)
+        for work in works:
+            accepted = False
+            if running is not None and self.running is running and inject is not None:
+                if work.agent_ref != self.agent_ref:
+                    await self._reject(work)
+                    continue
+                try:
+                    accepted = bool(await inject(work.input))
+                except Exception:
+                    log.exception("inject failed for %s", self.session_id)
+            if accepted and running is not None:
+                running.joined.append(work)
+            else:
+                heapq.heappush(self._mailbox, (work.sort_key, work))
+                self._kick()
+
+    async def _inject_from_inbox(self) -> None:
+        if self.running is None or getattr(self._handle, "inject", None) is None:
+            return
+        works = await self._collect(Priority.NOW)
+        if works:
+            await self._offer_injection(works)
+
+    async def _escalate_interrupt(self, running: RunningTurn, reason: str) -> None:
+        handle = self._handle
+        if handle is not None:
+            try:
+                await handle.interrupt(reason)
+            except Exception:
+                log.exception("LiveSession.interrupt failed for %s", self.session_id)
+        task = running.task
+        if task is None:
+            return
+        await asyncio.wait({task}, timeout=self._host.config.interrupt_grace)
+        if not task.done():
+            task.cancel()
+
+    async def _reject(self, work: TurnWork) -> None:
+        message = f"session {self.session_id} is bound to agent {self.agent_ref!r}"
+        frame = Rejected(
+            session_id=work.session_id,
+            turn_id=work.turn_id,
+            seq=1,
+            reason=FailureCode.CONFLICTING_AGENT.value,
+            message=message,
+        )
+        await self._host.deliver_frames(work.session_id, [frame])
+        await self._host.complete(
+            work, _failure(work, FailureCode.CONFLICTING_AGENT, message, self._host.node_id)
+        )
+
+    async def _ensure_binding(self, work: TurnWork) -> bool:
+        """Provision the record under this lease once; False when the message was answered."""
+        lease = self.lease
+        if lease is None:
+            await self._host.complete(
+                work, _failure(work, FailureCode.LEASE_LOST, "lease lost", self._host.node_id)
+            )
+            return False
+        if not self._provisioned:
+            try:
+                self.agent_ref = await self._host.backends.records.provision(
+                    self.session_id, work.agent_ref, lease.token
+                )
+            except FencedOut:
+                self.drop_lease()
+                await self._host.complete(
+                    work, _failure(work, FailureCode.LEASE_LOST, "fenced out", self._host.node_id)
+                )
+                return False
+            except Exception as exc:
+                await self._host.complete(
+                    work, _failure(work, FailureCode.FAILED, f"record store: {exc}", self._host.node_id)
+                )
+                return False
+            self._provisioned = True
+        if work.agent_ref != self.agent_ref:
+            await self._reject(work)
+            return False
+        return True
+
+    async def _ensure_handle(self, work: TurnWork) -> LiveSession | None:
+        if self._handle is not None:
+            return self._handle
+        attributes: dict[str, Any] = {"options": dict(work.options), **work.open_attributes}
+        try:
+            self._handle = await self._host.open_handle(
+                self.session_id, work.agent_ref, attributes
+            )
+        except Exception as exc:
+            log.exception("opener failed for %s", self.session_id)
+            await self._host.complete(
+                work,
+                _failure(work, FailureCode.FAILED, f"opening the session failed: {exc}",
+                         self._host.node_id),
+            )
+            return None
+        return self._handle
+
+    async def _load_transcript(self) -> tuple[CommittedEntry, ...]:
+        record = await self._host.backends.records.load(self.session_id)
+        return record.entries if record is not None else ()
+
+    async def _execute(self, work: TurnWork) -> None:
+        if not await self._ensure_binding(work):
+            return
+        handle = await self._ensure_handle(work)
+        if handle is None:
+            return
+        host = self._host
+        relay = EventRelay(
+            self.session_id, work.turn_id, host.deliver_frames, host.config.relay_queue_size
+        )
+        context = TurnContext(
+            session_id=self.session_id,
+            turn_id=work.turn_id,
+            input=work.input,
+            priority=work.priority,
+            submit_options=work.submit_options,
+            initiator=work.initiator,
+            emitter=relay.emit,
+            transcript=Transcript(self._load_transcript),
+        )
+        running = RunningTurn(work=work, context=context, relay=relay)
+        self.running = running
+        host.actor_state_changed(self)
+        relay.emit(TurnStarted(executed_by=host.node_id))
+        task: asyncio.Task[TurnOutput] = asyncio.get_running_loop().create_task(
+            handle.run_turn(context), name=f"turn:{self.session_id}:{work.turn_id}"
+        )
+        running.task = task
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            task.cancel()
+            relay.abort()
+            self.running = None
+            raise
+        outcome, terminal = await self._conclude(running, task)
+        await relay.finish(terminal, timeout=host.config.release_interrupt_timeout)
+        self.running = None
+        self.last_active = asyncio.get_running_loop().time()
+        host.actor_state_changed(self)
+        await host.complete(work, outcome)
+        for joined in running.joined:
+            await host.complete(joined, outcome.model_copy(update={"turn_id": joined.turn_id}))
+
+    async def _conclude(
+        self, running: RunningTurn, task: asyncio.Task[TurnOutput]
+    ) -> tuple[Outcome, Event]:
+        """Turn the agent task's end into an outcome and a terminal frame (committing on success)."""
+        work = running.work
+        node = self._host.node_id
+        if running.interrupt_code is not None:
+            code, reason = running.interrupt_code, running.interrupt_reason
+            return _failure(work, code, reason, node), Interrupted(reason=reason)
+        if task.cancelled():
+            return _failed(work, FailureCode.FAILED, "turn task cancelled", node)
+        error = task.exception()
+        if error is not None:
+            log.warning("turn %s of %s failed: %r", work.turn_id, self.session_id, error)
+            return _failed(work, FailureCode.FAILED, f"{type(error).__name__}: {error}", node)
+        output = task.result()
+        if not isinstance(output, TurnOutput):
+            return _failed(work, FailureCode.FAILED, "run_turn must return TurnOutput", node)
+        staged = running.context.transcript.staged
+        if staged:
+            lease = self.lease
+            if lease is None:
+                return _failed(work, FailureCode.LEASE_LOST, "lease lost before commit", node)
+            try:
+                await self._host.backends.records.commit(
+                    self.session_id, lease.token, work.turn_id, staged
+                )
+            except FencedOut:
+                self.drop_lease()
+                return _failed(work, FailureCode.LEASE_LOST, "commit fenced out", node)
+            except Exception as exc:
+                return _failed(work, FailureCode.FAILED, f"commit failed: {exc}", node)
+        outcome = Outcome(
+            turn_id=work.turn_id, ok=True, executed_by=node, text=output.text, data=output.data
+        )
+        return outcome, TurnCompleted(text=output.text, data=output.data)
+
+    async def _stop(self, reason: StopReason) -> list[TurnWork]:
+        self.accepting = False
+        running = self.running
+        if running is not None:
+            self.interrupt(reason.value, code=reason.interrupt_code)
+        task = self._task
+        if task is not None:
+            bound = self._host.config.release_interrupt_timeout + self._host.config.interrupt_grace
+            await asyncio.wait({task}, timeout=bound)
+            if not task.done():
+                log.warning("turn of %s did not end in %.1fs; cancelling", self.session_id, bound)
+                task.cancel()
+                await asyncio.wait({task})
+                if running is not None:
+                    await self._host.complete(
+                        running.work,
+                        _failure(running.work, reason.interrupt_code, reason.value,
+                                 self._host.node_id),
+                    )
+        pending = [work for _, work in sorted(self._mailbox, key=lambda item: item[0])]
+        self._mailbox.clear()
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            try:
+                await asyncio.wait_for(handle.aclose(), self._host.config.release_interrupt_timeout)
+            except Exception:
+                log.exception("closing the live session %s failed", self.session_id)
+        for side in tuple(self._side_tasks):
+            side.cancel()
+        return pending
+
+
+def _failure(work: TurnWork, code: FailureCode, message: str, node: str) -> Outcome:
+    return Outcome(turn_id=work.turn_id, ok=False, executed_by=node, code=code.value,
+                   message=message)
+
+
+def _failed(work: TurnWork, code: FailureCode, message: str, node: str) -> tuple[Outcome, Event]:
+    return _failure(work, code, message, node), TurnFailed(code=code, message=message)
+

@@ -1,0 +1,206 @@
+"""Per-turn event relay and node-local subscriber fan-out.
+
+The producer (the agent's `emit`) never blocks: frames go into a bounded ranked queue that a
+dispatcher task drains in batches to the node's sink (event log, local subscribers, event rail).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from .._events import Event, drop_rank, is_terminal
+
+log = logging.getLogger("stickless.relay")
+
+#: Where a relay's batches go: (session_id, stamped frames) -> delivered.
+FrameSink = Callable[[str, Sequence[Event]], Awaitable[None]]
+
+
+class RankedQueue:
+    """Bounded FIFO whose overflow sheds the oldest frame of the lowest rank <= the incoming one.
+
+    Rank 0 (reasoning) goes before rank 1 (text) before rank 2 (everything else); terminal frames
+    are never shed while anything else can be.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._items: collections.deque[Event] = collections.deque()
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def push(self, frame: Event) -> None:
+        if len(self._items) >= self._capacity and not self._shed_for(frame):
+            self.dropped += 1
+            return
+        self._items.append(frame)
+
+    def _shed_for(self, incoming: Event) -> bool:
+        """Make room for `incoming`; False when `incoming` itself should be dropped."""
+        incoming_rank = drop_rank(incoming)
+        for rank in range(incoming_rank + 1):
+            for index, frame in enumerate(self._items):
+                if drop_rank(frame) == rank and not is_terminal(frame):
+                    del self._items[index]
+                    self.dropped += 1
+                    return True
+        if is_terminal(incoming):
+            return True  # a terminal frame is kept even past capacity
+        return False
+
+    def take_all(self) -> list[Event]:
+        items = list(self._items)
+        self._items.clear()
+        return items
+
+
+class EventRelay:
+    """Stamps one turn's frames and hands them to the sink through a dispatcher task."""
+
+    def __init__(self, session_id: str, turn_id: str, sink: FrameSink, capacity: int) -> None:
+        self.session_id = session_id
+        self.turn_id = turn_id
+        self._sink = sink
+        self._queue = RankedQueue(capacity)
+        self._seq = 0
+        self._wake = asyncio.Event()
+        self._closed = False
+        self._late = 0
+        self._task = asyncio.get_running_loop().create_task(
+            self._dispatch(), name=f"relay:{session_id}:{turn_id}"
+        )
+
+    @property
+    def dropped(self) -> int:
+        """Frames shed by overflow or emitted after the turn ended."""
+        return self._queue.dropped + self._late
+
+    def emit(self, frame: Event) -> None:
+        """Stamp and enqueue a frame; never blocks, never raises for a full queue."""
+        if self._closed:
+            self._late += 1
+            return
+        self._seq += 1
+        stamped = frame.model_copy(
+            update={"session_id": self.session_id, "turn_id": self.turn_id, "seq": self._seq}
+        )
+        self._queue.push(stamped)
+        if is_terminal(stamped):
+            self._closed = True
+        self._wake.set()
+
+    async def finish(self, terminal: Event, timeout: float) -> None:
+        """Emit the terminal frame and wait (bounded) until everything queued was dispatched."""
+        self.emit(terminal)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout)
+        except TimeoutError:
+            log.warning("relay %s/%s did not flush in %.1fs", self.session_id, self.turn_id, timeout)
+        if self.dropped:
+            log.info("relay %s/%s dropped %d frame(s)", self.session_id, self.turn_id, self.dropped)
+
+    def abort(self) -> None:
+        """Stop the dispatcher without flushing (the node is dying)."""
+        self._task.cancel()
+
+    async def _dispatch(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch = self._queue.take_all()
+            if batch:
+                try:
+                    await self._sink(self.session_id, batch)
+                except Exception:
+                    log.exception("relay sink failed for %s", self.session_id)
+            if self._closed and not len(self._queue):
+                return
+
+
+@dataclass(eq=False)
+class Subscriber:
+    """One local `events()` consumer: a bounded queue that drops its oldest frame when full."""
+
+    session_id: str
+    turn_id: str | None
+    capacity: int
+    frames: collections.deque[Event] = field(default_factory=collections.deque)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    finished: bool = False
+    dropped: int = 0
+
+    def offer(self, frame: Event) -> None:
+        if self.finished or (self.turn_id is not None and frame.turn_id != self.turn_id):
+            return
+        if len(self.frames) >= self.capacity:
+            self.frames.popleft()
+            self.dropped += 1
+        self.frames.append(frame)
+        self.wake.set()
+
+    def finish(self) -> None:
+        self.finished = True
+        self.wake.set()
+
+
+class SubscriberHub:
+    """Node-local subscribers per session."""
+
+    def __init__(self) -> None:
+        self._by_session: dict[str, set[Subscriber]] = {}
+
+    def add(self, subscriber: Subscriber) -> bool:
+        """Register; True when it is the session's first local subscriber."""
+        subs = self._by_session.setdefault(subscriber.session_id, set())
+        subs.add(subscriber)
+        return len(subs) == 1
+
+    def remove(self, subscriber: Subscriber) -> bool:
+        """Unregister; True when the session has no local subscriber left."""
+        subs = self._by_session.get(subscriber.session_id)
+        if subs is None:
+            return False
+        subs.discard(subscriber)
+        if not subs:
+            del self._by_session[subscriber.session_id]
+            return True
+        return False
+
+    def has(self, session_id: str) -> bool:
+        return session_id in self._by_session
+
+    def sessions(self) -> list[str]:
+        return list(self._by_session)
+
+    def fan_out(self, session_id: str, frames: Sequence[Event]) -> None:
+        for sub in tuple(self._by_session.get(session_id, ())):
+            for frame in frames:
+                sub.offer(frame)
+
+    def finish_session(self, session_id: str) -> None:
+        for sub in tuple(self._by_session.get(session_id, ())):
+            sub.finish()
+
+    def finish_all(self) -> None:
+        for session_id in list(self._by_session):
+            self.finish_session(session_id)
+
+
+async def drain_subscriber(sub: Subscriber) -> AsyncIterator[Event]:
+    """Yield a subscriber's frames until it is finished (or its turn's terminal frame)."""
+    while True:
+        while sub.frames:
+            frame = sub.frames.popleft()
+            yield frame
+            if sub.turn_id is not None and is_terminal(frame):
+                return
+        if sub.finished:
+            return
+        sub.wake.clear()
+        await sub.wake.wait()

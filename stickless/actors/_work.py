@@ -1,0 +1,105 @@
+"""Units of work in a session actor's mailbox."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._types import PrimitiveMap, Principal, Priority, SubmitRequest, UserInput
+from ..wire import Envelope
+
+
+class Takeover(enum.Enum):
+    """How this node came to own a message's idempotency reservation (seed §6.3D)."""
+
+    SUBMITTED = "SUBMITTED"  # reserved by this node at submit time
+    WON = "WON"  # acquire_holder won at collect time
+    REJECTED = "REJECTED"  # the store said the reservation is someone else's
+    UNKNOWN = "UNKNOWN"  # acquire_holder raised: behave as won, never as rejected
+
+    @property
+    def owns(self) -> bool:
+        """Whether this node writes the outcome and watches the reservation."""
+        return self is not Takeover.REJECTED
+
+
+_order = itertools.count()
+
+
+@dataclass
+class TurnWork:
+    """One message to run as a turn on the holder."""
+
+    session_id: str
+    turn_id: str
+    key: str
+    agent_ref: str
+    input: UserInput
+    priority: Priority
+    takeover: Takeover
+    submit_options: PrimitiveMap = field(default_factory=dict)
+    initiator: Principal | None = None
+    context_discriminator: str | None = None
+    options: PrimitiveMap = field(default_factory=dict)
+    open_attributes: dict[str, Any] = field(default_factory=dict)
+    origin: str = ""
+    enqueued_at: float = 0.0
+    order: int = field(default_factory=lambda: next(_order))
+
+    @classmethod
+    def from_request(
+        cls, req: SubmitRequest, turn_id: str, key: str, origin: str
+    ) -> TurnWork:
+        return cls(
+            session_id=req.session_id,
+            turn_id=turn_id,
+            key=key,
+            agent_ref=req.agent_ref,
+            input=req.input,
+            priority=req.priority,
+            takeover=Takeover.SUBMITTED,
+            submit_options=dict(req.submit_options),
+            initiator=req.initiator,
+            context_discriminator=req.context_discriminator,
+            options=dict(req.options),
+            open_attributes=dict(req.open_attributes),
+            origin=origin,
+        )
+
+    @classmethod
+    def from_envelope(cls, env: Envelope, takeover: Takeover) -> TurnWork:
+        return cls(
+            session_id=env.session_id,
+            turn_id=env.turn_id,
+            key=env.key,
+            agent_ref=env.agent_ref,
+            input=env.input,
+            priority=env.priority,
+            takeover=takeover,
+            submit_options=dict(env.submit_options),
+            initiator=env.initiator,
+            context_discriminator=env.context_discriminator,
+            origin=env.origin,
+            enqueued_at=env.enqueued_at,
+        )
+
+    def to_envelope(self) -> Envelope:
+        return Envelope(
+            session_id=self.session_id,
+            turn_id=self.turn_id,
+            agent_ref=self.agent_ref,
+            input=self.input,
+            priority=self.priority,
+            key=self.key,
+            context_discriminator=self.context_discriminator,
+            submit_options=self.submit_options,
+            initiator=self.initiator,
+            origin=self.origin,
+            enqueued_at=self.enqueued_at,
+        )
+
+    @property
+    def sort_key(self) -> tuple[int, int]:
+        return (int(self.priority), self.order)

@@ -1,0 +1,343 @@
+"""Storage roles: one Protocol per role, and the values they exchange.
+
+Every time-based decision (lease expiry, reservation staleness, message age) is taken with the
+store's own clock, never the caller's, so nodes with skewed clocks agree.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from .._events import Event
+from .._types import CommittedEntry, Priority, TranscriptEntry
+from ..wire import Envelope, Outcome, Signal
+
+
+class FencedOut(Exception):
+    """A write carried a fencing token older than the session's current one."""
+
+
+# --------------------------------------------------------------------------- leases
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A session lease held by `holder`; `token` grows strictly per session."""
+
+    session_id: str
+    holder: str
+    token: int
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class HeldElsewhere:
+    """Acquire lost: another node holds the session under `token`."""
+
+    session_id: str
+    holder: str
+    token: int
+    expires_at: float
+
+
+class LeaseStore(Protocol):
+    """Session-lifetime leases with per-session fencing tokens."""
+
+    async def acquire(self, session_id: str, holder: str, ttl: float) -> Lease | HeldElsewhere:
+        """Take the lease if free or expired (new token); the current holder gets its lease back
+        with the same token and a refreshed expiry."""
+        ...
+
+    async def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
+        """Extend every lease in one round trip; None where the lease was lost (expired and
+        taken, released, or a different token)."""
+        ...
+
+    async def release(self, lease: Lease) -> bool:
+        """Give the lease up if still held under this token; False when it was not."""
+        ...
+
+    async def current(self, session_id: str) -> Lease | None:
+        """The unexpired lease on the session, if any."""
+        ...
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True)
+class RecordView:
+    """Read-only view of a session record."""
+
+    session_id: str
+    agent_ref: str
+    fence: int
+    entries: tuple[CommittedEntry, ...] = ()
+
+
+class RecordStore(Protocol):
+    """Session records: agent binding, fence and committed transcript."""
+
+    async def load(self, session_id: str) -> RecordView | None:
+        """The record, or None when the session has none."""
+        ...
+
+    async def provision(self, session_id: str, agent_ref: str, token: int) -> str:
+        """Create the record bound to `agent_ref` if missing, raise its fence to `token`, and
+        return the agent the session is bound to (which may differ from `agent_ref`).
+
+        Raises:
+            FencedOut: `token` is older than the record's fence.
+        """
+        ...
+
+    async def commit(
+        self, session_id: str, token: int, turn_id: str, entries: Sequence[TranscriptEntry]
+    ) -> None:
+        """Append one turn's entries atomically, tagged with the turn and token.
+
+        Raises:
+            FencedOut: `token` is older than the fence, or the record does not exist.
+        """
+        ...
+
+    async def delete(self, session_id: str) -> None:
+        """Delete the record and its transcript (the fence counter lives with the lease)."""
+        ...
+
+
+# --------------------------------------------------------------------------- inbox
+
+
+@dataclass(frozen=True, slots=True)
+class InboundMessage:
+    """A decoded inbox entry."""
+
+    message_id: str
+    envelope: Envelope
+
+
+@dataclass(frozen=True, slots=True)
+class UnreadableEntry:
+    """An inbox entry that could not be decoded; addresses are raw strings when salvageable."""
+
+    message_id: str
+    turn_id: str | None
+    idempotency_key: str | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class CollectedBatch:
+    """What one collect removed, readable entries sorted priority-then-FIFO."""
+
+    messages: list[InboundMessage] = field(default_factory=list)
+    unreadable: list[UnreadableEntry] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.messages or self.unreadable)
+
+
+def sort_messages(messages: list[InboundMessage]) -> list[InboundMessage]:
+    """Priority first, then original enqueue time (kept across re-delivery)."""
+    return sorted(messages, key=lambda m: (int(m.envelope.priority), m.envelope.enqueued_at))
+
+
+class Inbox(Protocol):
+    """Per-session shared queue: any node delivers, the lease holder collects."""
+
+    async def deliver(self, envelope: Envelope) -> str:
+        """Append a message (stamping `enqueued_at` with the store clock when it is 0)."""
+        ...
+
+    async def collect(self, session_id: str, max_priority: Priority) -> CollectedBatch:
+        """Atomically remove every entry of tiers <= `max_priority`; decode per entry."""
+        ...
+
+    async def is_empty(self, session_id: str) -> bool: ...
+
+    async def purge(self, session_id: str) -> CollectedBatch:
+        """Remove everything queued for the session and return what was removed."""
+        ...
+
+    async def pending_sessions(self, older_than: float) -> list[str]:
+        """Sessions with a message queued for more than `older_than` seconds (store clock)."""
+        ...
+
+
+# --------------------------------------------------------------------------- signals
+
+SignalHandler = Callable[[Signal], Awaitable[None]]
+
+
+class Subscription(Protocol):
+    """A live subscription; `close` stops delivery."""
+
+    async def close(self) -> None: ...
+
+
+class SignalBus(Protocol):
+    """At-least-once cross-node signals: a shared control channel, per-session event channels."""
+
+    async def publish(self, signal: Signal) -> None: ...
+
+    async def publish_many(self, signals: Sequence[Signal]) -> None:
+        """Publish several signals in one round trip, in order."""
+        ...
+
+    async def subscribe(self, handler: SignalHandler) -> Subscription:
+        """Receive every control-channel signal (all kinds but EVENT)."""
+        ...
+
+    async def subscribe_events(self, session_id: str, handler: SignalHandler) -> None:
+        """Start receiving EVENT signals of one session (replaces a previous handler)."""
+        ...
+
+    async def unsubscribe_events(self, session_id: str) -> None: ...
+
+
+# --------------------------------------------------------------------------- idempotency
+
+
+class ReservationState(enum.StrEnum):
+    IN_FLIGHT = "IN_FLIGHT"
+    DONE = "DONE"
+    FAILED = "FAILED"
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """An idempotency reservation, scoped to (session_id, key)."""
+
+    session_id: str
+    key: str
+    turn_id: str
+    input_hash: str
+    holder: str | None
+    state: ReservationState
+    touched_at: float
+    #: True when an IN_FLIGHT reservation is past its staleness bound (store clock).
+    stale: bool = False
+    outcome: Outcome | None = None
+
+
+class HolderTakeover(enum.Enum):
+    WON = "WON"
+    REJECTED = "REJECTED"
+
+
+@dataclass(frozen=True, slots=True)
+class ReservationRef:
+    """Address of a reservation this node holds (what a renewal tick touches)."""
+
+    session_id: str
+    key: str
+    holder: str
+
+
+class IdempotencyStore(Protocol):
+    """Per-session idempotency reservations with a holder, a staleness bound and an outcome."""
+
+    async def put_if_absent(
+        self,
+        session_id: str,
+        key: str,
+        turn_id: str,
+        input_hash: str,
+        holder: str,
+        secondary_ttl: float,
+        primary_ttl: float,
+    ) -> Reservation | None:
+        """Reserve the key (IN_FLIGHT, held by `holder`); None when created, else the existing
+        reservation. A FAILED one, or one past the primary TTL, counts as absent and is replaced."""
+        ...
+
+    async def touch_many(self, refs: Sequence[ReservationRef], secondary_ttl: float) -> None:
+        """Push the staleness bound of every IN_FLIGHT reservation still held by its ref's holder."""
+        ...
+
+    async def acquire_holder(
+        self, session_id: str, key: str, holder: str, secondary_ttl: float
+    ) -> HolderTakeover:
+        """Take over a holderless IN_FLIGHT reservation (REJECTED otherwise); raising means the
+        outcome is unknown."""
+        ...
+
+    async def release_holder(
+        self, session_id: str, key: str, holder: str, forward_ttl: float
+    ) -> bool:
+        """Make a reservation held by `holder` holderless; stale only after `forward_ttl`."""
+        ...
+
+    async def mark_done(
+        self, session_id: str, key: str, holder: str, outcome: Outcome, primary_ttl: float
+    ) -> bool:
+        """Record the outcome (DONE when ok, else FAILED) if the reservation is IN_FLIGHT for
+        `outcome.turn_id` and held by `holder` or by nobody; False otherwise."""
+        ...
+
+    async def compare_and_reset(
+        self, session_id: str, key: str, expected_holder: str | None, outcome: Outcome
+    ) -> bool:
+        """If IN_FLIGHT and held by `expected_holder`, mark it FAILED with `outcome`; exactly one
+        of several concurrent callers wins."""
+        ...
+
+    async def discard_reservation(self, session_id: str, key: str, turn_id: str) -> bool:
+        """Remove an IN_FLIGHT reservation made for `turn_id` (bad input, unreadable entry)."""
+        ...
+
+    async def find_stale_in_flight(self, limit: int) -> list[Reservation]:
+        """IN_FLIGHT reservations past their staleness bound (store clock)."""
+        ...
+
+    async def find(self, session_id: str, key: str) -> Reservation | None: ...
+
+
+# --------------------------------------------------------------------------- event log
+
+
+class EventLog(Protocol):
+    """Bounded per-session log of event frames, for resuming a stream after a disconnect."""
+
+    async def append(self, session_id: str, events: Sequence[Event]) -> list[str]:
+        """Append frames in order; return their ids (unique, strictly increasing per session)."""
+        ...
+
+    async def read(self, session_id: str, after: str | None, limit: int) -> list[Event]:
+        """Frames after the id `after` (from the start when None), with `event_id` set."""
+        ...
+
+    async def delete(self, session_id: str) -> None: ...
+
+
+def event_id_key(event_id: str) -> tuple[int, int]:
+    """Sort key of an event id of the form '<int>-<int>' (as Redis stream ids are)."""
+    major, _, minor = event_id.partition("-")
+    return int(major), int(minor or 0)
+
+
+# --------------------------------------------------------------------------- bundle
+
+
+@runtime_checkable
+class Backends(Protocol):
+    """A bundle of every storage role a router needs."""
+
+    leases: LeaseStore
+    records: RecordStore
+    inbox: Inbox
+    signals: SignalBus
+    idempotency: IdempotencyStore
+    events: EventLog
+
+    def clone(self) -> Backends:
+        """A bundle over the same data with its own connections (for another thread's loop)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close connections this bundle opened."""
+        ...

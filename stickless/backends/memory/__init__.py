@@ -1,0 +1,22 @@
+"""In-memory backends: the embedded default, and a simulated cluster when routers share one."""
+
+from ._bundle import MemoryBackends
+from ._signals import MemorySignalBus, MemorySubscription
+from ._stores import (
+    MemoryEventLog,
+    MemoryIdempotencyStore,
+    MemoryInbox,
+    MemoryLeaseStore,
+    MemoryRecordStore,
+)
+
+__all__ = [
+    "MemoryBackends",
+    "MemoryEventLog",
+    "MemoryIdempotencyStore",
+    "MemoryInbox",
+    "MemoryLeaseStore",
+    "MemoryRecordStore",
+    "MemorySignalBus",
+    "MemorySubscription",
+]

@@ -1,0 +1,75 @@
+"""The in-memory backends bundle: every role over one shared, thread-safe data set."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from ..base import EventLog, IdempotencyStore, Inbox, LeaseStore, RecordStore, SignalBus
+from ._shared import Link, State
+from ._signals import MemorySignalBus
+from ._stores import (
+    MemoryEventLog,
+    MemoryIdempotencyStore,
+    MemoryInbox,
+    MemoryLeaseStore,
+    MemoryRecordStore,
+)
+
+
+class MemoryBackends:
+    """Every storage role in memory; `link()` gives another node its own severable access."""
+
+    # Typed as the roles (not the Memory* classes) so the bundle satisfies `Backends`, whose
+    # attributes are settable and therefore invariant.
+    leases: LeaseStore
+    records: RecordStore
+    inbox: Inbox
+    signals: SignalBus
+    idempotency: IdempotencyStore
+    events: EventLog
+
+    def __init__(self, clock: Callable[[], float] = time.time, max_len: int = 10_000) -> None:
+        """A fresh data set timed by `clock`, keeping at most `max_len` events per session."""
+        self._attach(Link(State(clock, max_len)))
+
+    def _attach(self, link: Link) -> None:
+        self._link = link
+        self.leases = MemoryLeaseStore(link)
+        self.records = MemoryRecordStore(link)
+        self.inbox = MemoryInbox(link)
+        self.signals = MemorySignalBus(link)
+        self.idempotency = MemoryIdempotencyStore(link)
+        self.events = MemoryEventLog(link)
+
+    def link(self) -> MemoryBackends:
+        """A new bundle over the same data with its own connection (one per simulated node)."""
+        bundle = object.__new__(MemoryBackends)
+        bundle._attach(Link(self._link.state))
+        return bundle
+
+    def sever(self) -> None:
+        """Cut this bundle off (a crash): its operations raise, its subscriptions go quiet."""
+        self._link.sever()
+
+    @property
+    def severed(self) -> bool:
+        """True once `sever()` was called."""
+        return self._link.severed
+
+    def clone(self) -> MemoryBackends:
+        """This bundle itself: memory needs no per-loop connection, and severing cuts both."""
+        return self
+
+    async def aclose(self) -> None:
+        """Close this link's subscriptions that deliver on the calling loop.
+
+        Other loops' subscriptions are left alone because `clone()` returns this same bundle, so
+        a renewal thread closing its clone must not silence the main loop's subscribers.
+        """
+        loop = asyncio.get_running_loop()
+        with self._link.state.lock:
+            mine = [sub for sub in self._link.subscriptions if sub.loop is loop]
+        for sub in mine:
+            await sub.close()

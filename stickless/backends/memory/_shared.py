@@ -1,0 +1,104 @@
+"""Shared data of the in-memory backends, and the severable links that reach it."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..._errors import BackendUnavailableError
+from ..._types import Priority
+from ..base import ReservationState
+
+if TYPE_CHECKING:
+    from ._signals import MemorySubscription
+
+
+@dataclass(slots=True)
+class LeaseRow:
+    """A stored lease."""
+
+    holder: str
+    token: int
+    expires_at: float
+
+
+@dataclass(slots=True)
+class RecordRow:
+    """A stored session record; entries are packed `CommittedEntry` maps."""
+
+    agent_ref: str
+    fence: int
+    entries: list[bytes] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class InboxRow:
+    """A stored inbox entry: its id, arrival time (store clock) and encoded envelope."""
+
+    message_id: str
+    arrived_at: float
+    data: bytes
+
+
+@dataclass(slots=True)
+class ReservationRow:
+    """A stored idempotency reservation; the outcome is kept as its wire bytes."""
+
+    turn_id: str
+    input_hash: str
+    holder: str | None
+    state: ReservationState
+    touched_at: float
+    stale_at: float
+    expires_at: float
+    outcome: bytes | None = None
+
+
+class State:
+    """Every role's data, guarded by one lock (renewal threads share it with event loops)."""
+
+    def __init__(self, clock: Callable[[], float], max_len: int) -> None:
+        self.lock = threading.Lock()
+        self.clock = clock
+        self.max_len = max_len
+        self.lease_counters: dict[str, int] = {}
+        self.leases: dict[str, LeaseRow] = {}
+        self.records: dict[str, RecordRow] = {}
+        self.inbox: dict[str, dict[Priority, deque[InboxRow]]] = {}
+        self.message_seq = 0
+        self.reservations: dict[tuple[str, str], ReservationRow] = {}
+        #: Per session, a bounded deque of (event id, encoded frame), oldest first.
+        self.event_streams: dict[str, deque[tuple[str, bytes]]] = {}
+        #: Last event id per session as (ms, n); kept after delete so ids never go back.
+        self.last_event_ids: dict[str, tuple[int, int]] = {}
+        self.control_subs: dict[MemorySubscription, None] = {}
+        self.event_subs: dict[str, dict[MemorySubscription, None]] = {}
+
+
+class Link:
+    """One bundle's connection to the shared state; severing it simulates a crashed node."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+        self.severed = False
+        #: This link's live subscriptions (guarded by `state.lock`).
+        self.subscriptions: dict[MemorySubscription, None] = {}
+
+    @contextmanager
+    def open(self) -> Iterator[State]:
+        """Hold the lock over the shared state, refusing when this link is severed."""
+        with self.state.lock:
+            if self.severed:
+                raise BackendUnavailableError("memory backend link is severed")
+            yield self.state
+
+    def sever(self) -> None:
+        """Cut this link: later operations raise and its subscriptions stop delivering."""
+        with self.state.lock:
+            self.severed = True
+            for sub in list(self.subscriptions):
+                sub.stop_locked()

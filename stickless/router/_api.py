@@ -1,0 +1,57 @@
+"""Values the router hands back to callers: dispositions and status snapshots."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict
+
+from .._types import TurnResult
+
+
+class SubmitKind(enum.StrEnum):
+    """Where a submitted turn runs, as seen from the submitting node."""
+
+    EXECUTED_LOCALLY = "EXECUTED_LOCALLY"
+    FORWARDED = "FORWARDED"
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitDisposition:
+    """The answer to `submit`: where the turn runs, its id, and this caller's own result future.
+
+    Cancelling `result` never cancels the turn or other callers' futures.
+    """
+
+    kind: SubmitKind
+    session_id: str
+    turn_id: str
+    node_id: str
+    result: asyncio.Future[TurnResult]
+    message_id: str | None = None
+
+
+class SessionState(enum.StrEnum):
+    RUNNING = "RUNNING"
+    IDLE = "IDLE"
+    GONE = "GONE"
+    HELD = "HELD"
+    UNHELD = "UNHELD"
+
+
+class ClusterSessionStatus(BaseModel):
+    """Best-effort view of a session across the cluster; never a control gate."""
+
+    model_config = ConfigDict(frozen=True)
+    session_id: str
+    holder: str | None
+    token: int | None
+    state: SessionState
+    active_turn_id: str | None = None
+    queued: int = 0
+    seq: int = 0
+    origin: str | None = None
+    updated_at: float = 0.0
+    observed_by: str = ""

@@ -1,0 +1,238 @@
+"""Wire codec: msgpack of flat primitives, validated by pydantic on decode; never pickle.
+
+Everything that crosses a node boundary (inbox envelopes, signals, event frames, idempotency
+outcomes) goes through `pack` / `unpack` and one of the models here.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Literal
+
+import msgpack
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+
+from ._errors import FailureCode
+from ._events import EVENT_ADAPTER, Event
+from ._types import Principal, Priority, PrimitiveMap, UserInput
+
+#: Upper bound of one encoded value; larger frames are refused on decode.
+MAX_FRAME_BYTES = 32 * 1024 * 1024
+
+
+class WireError(ValueError):
+    """Bytes that are not a valid stickless wire value."""
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise WireError(f"msgpack extension type {code} is not allowed on the wire")
+
+
+def pack(value: Any) -> bytes:
+    """Encode primitives (maps, lists, str, bytes, int, float, bool, None) as msgpack."""
+    packed: bytes = msgpack.packb(value, use_bin_type=True)
+    return packed
+
+
+def unpack(data: bytes) -> Any:
+    """Decode msgpack with bounded sizes and no extension types.
+
+    Raises:
+        WireError: the bytes are not valid bounded msgpack.
+    """
+    if len(data) > MAX_FRAME_BYTES:
+        raise WireError(f"frame of {len(data)} bytes exceeds {MAX_FRAME_BYTES}")
+    try:
+        return msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            ext_hook=_refuse_ext,
+            max_str_len=MAX_FRAME_BYTES,
+            max_bin_len=MAX_FRAME_BYTES,
+            max_array_len=1_000_000,
+            max_map_len=1_000_000,
+        )
+    except WireError:
+        raise
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise WireError(f"undecodable msgpack: {type(exc).__name__}") from None
+
+
+def _wire() -> ConfigDict:
+    return ConfigDict(frozen=True, extra="ignore")
+
+
+class Envelope(BaseModel):
+    """An inbox message: one submit handed from a non-holder to whoever holds the session."""
+
+    model_config = _wire()
+    session_id: StrictStr
+    turn_id: StrictStr
+    agent_ref: StrictStr
+    input: UserInput
+    priority: Priority = Priority.NEXT
+    #: The idempotency reservation key (the client's, or one derived from the turn id).
+    key: StrictStr
+    context_discriminator: StrictStr | None = None
+    submit_options: PrimitiveMap = Field(default_factory=dict)
+    initiator: Principal | None = None
+    origin: StrictStr = ""
+    #: Store clock at first delivery; kept on re-delivery so order survives a hand-over.
+    enqueued_at: float = 0.0
+
+    def encode(self) -> bytes:
+        return pack(self.model_dump(mode="python"))
+
+    @classmethod
+    def decode(cls, data: bytes) -> Envelope:
+        """Raises: WireError when the bytes are not an envelope."""
+        try:
+            return cls.model_validate(unpack(data))
+        except ValidationError as exc:
+            raise WireError(f"invalid envelope: {exc.error_count()} field error(s)") from None
+
+
+def salvage_addresses(data: bytes) -> tuple[str | None, str | None]:
+    """Best-effort (turn_id, key) from a corrupt envelope, as raw strings, for answering it."""
+    try:
+        raw = unpack(data)
+    except WireError:
+        return None, None
+    if not isinstance(raw, dict):
+        return None, None
+    turn = raw.get("turn_id")
+    key = raw.get("key")
+    return (turn if isinstance(turn, str) else None, key if isinstance(key, str) else None)
+
+
+class SignalKind(enum.StrEnum):
+    """The seven cross-node signal kinds."""
+
+    INTERRUPT = "INTERRUPT"
+    EVICT = "EVICT"
+    YIELD = "YIELD"
+    MESSAGE_ENQUEUED = "MESSAGE_ENQUEUED"
+    TURN_RESULT = "TURN_RESULT"
+    EVENT = "EVENT"
+    STATUS = "STATUS"
+
+
+#: Kinds that travel on per-session event channels rather than the shared control channel.
+EVENT_CHANNEL_KINDS = frozenset({SignalKind.EVENT})
+
+
+class Signal(BaseModel):
+    """One signal; `payload` is a flat map decoded by the payload model of its kind."""
+
+    model_config = _wire()
+    kind: StrictStr
+    session_id: StrictStr
+    origin: StrictStr
+    payload: dict[StrictStr, Any] = Field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return pack(self.model_dump(mode="python"))
+
+    @classmethod
+    def decode(cls, data: bytes) -> Signal:
+        """Raises: WireError when the bytes are not a signal."""
+        try:
+            return cls.model_validate(unpack(data))
+        except ValidationError as exc:
+            raise WireError(f"invalid signal: {exc.error_count()} field error(s)") from None
+
+    def known_kind(self) -> SignalKind | None:
+        """The kind, or None when a newer node sent one this node does not know."""
+        try:
+            return SignalKind(self.kind)
+        except ValueError:
+            return None
+
+
+class InterruptPayload(BaseModel):
+    model_config = _wire()
+    reason: StrictStr
+    turn_id: StrictStr | None = None
+
+
+class EvictPayload(BaseModel):
+    model_config = _wire()
+    token: StrictInt
+
+
+class YieldPayload(BaseModel):
+    model_config = _wire()
+    purpose: Literal["handoff", "release"]
+    requester: StrictStr
+
+
+class Outcome(BaseModel):
+    """The terminal answer of one turn, as stored for pollers and sent on TURN_RESULT."""
+
+    model_config = _wire()
+    turn_id: StrictStr
+    ok: StrictBool
+    executed_by: StrictStr = ""
+    text: StrictStr = ""
+    data: PrimitiveMap = Field(default_factory=dict)
+    code: StrictStr = ""
+    message: StrictStr = ""
+
+    @property
+    def failure_code(self) -> FailureCode:
+        return FailureCode.parse(self.code)
+
+    def encode(self) -> bytes:
+        return pack(self.model_dump(mode="python"))
+
+    @classmethod
+    def decode(cls, data: bytes) -> Outcome:
+        """Raises: WireError when the bytes are not an outcome."""
+        try:
+            return cls.model_validate(unpack(data))
+        except ValidationError as exc:
+            raise WireError(f"invalid outcome: {exc.error_count()} field error(s)") from None
+
+
+class TurnResultPayload(BaseModel):
+    model_config = _wire()
+    key: StrictStr
+    outcome: Outcome
+
+
+class StatusPayload(BaseModel):
+    model_config = _wire()
+    holder: StrictStr
+    token: StrictInt
+    state: StrictStr
+    active_turn_id: StrictStr | None = None
+    queued: StrictInt = 0
+    seq: StrictInt
+    updated_at: float
+
+
+def encode_event(event: Event) -> bytes:
+    """Encode an event frame (without its event id, which the log assigns)."""
+    return pack(event.model_dump(mode="json", exclude={"event_id"}))
+
+
+def event_to_payload(event: Event) -> dict[str, Any]:
+    """An event frame as a flat payload map."""
+    return event.model_dump(mode="json")
+
+
+def event_from_payload(payload: Any) -> Event:
+    """Raises: WireError when the payload is not a known event frame."""
+    try:
+        return EVENT_ADAPTER.validate_python(payload)
+    except ValidationError as exc:
+        raise WireError(f"invalid event frame: {exc.error_count()} field error(s)") from None
+
+
+def decode_event(data: bytes, event_id: str | None = None) -> Event:
+    """Raises: WireError when the bytes are not a known event frame."""
+    raw = unpack(data)
+    if isinstance(raw, dict) and event_id is not None:
+        raw["event_id"] = event_id
+    return event_from_payload(raw)

@@ -1,0 +1,120 @@
+"""RecordStore contract: agent binding, fence, and fenced transcript commits."""
+
+from __future__ import annotations
+
+import pytest
+
+from stickless._types import CommittedEntry, TranscriptEntry
+from stickless.backends.base import Backends, FencedOut, RecordView
+
+
+def _entry(content: str, role: str = "user") -> TranscriptEntry:
+    return TranscriptEntry(role=role, content=content, data={"n": len(content), "ok": True})
+
+
+async def test_load_missing_record_is_none(backends: Backends) -> None:
+    # Given a session that was never provisioned
+    # When it is loaded
+    view = await backends.records.load("nobody")
+    # Then there is no record
+    assert view is None
+
+
+async def test_provision_creates_record_bound_to_agent(backends: Backends) -> None:
+    # Given no record for the session
+    # When it is provisioned for agent-a under token 3
+    bound = await backends.records.provision("s1", "agent-a", 3)
+    # Then it is bound to agent-a with fence 3 and an empty transcript
+    assert bound == "agent-a"
+    assert await backends.records.load("s1") == RecordView("s1", "agent-a", 3)
+
+
+async def test_provision_with_other_agent_returns_existing_binding(backends: Backends) -> None:
+    # Given the session is bound to agent-a
+    await backends.records.provision("s1", "agent-a", 1)
+    # When it is provisioned for agent-b
+    bound = await backends.records.provision("s1", "agent-b", 1)
+    # Then the existing binding is returned and kept
+    assert bound == "agent-a"
+    view = await backends.records.load("s1")
+    assert view is not None
+    assert view.agent_ref == "agent-a"
+
+
+async def test_provision_raises_fence_and_refuses_older_token(backends: Backends) -> None:
+    # Given the session was provisioned under token 2
+    await backends.records.provision("s1", "agent-a", 2)
+    # When it is provisioned under 5, again under 5, then under 4
+    await backends.records.provision("s1", "agent-a", 5)
+    await backends.records.provision("s1", "agent-a", 5)
+    # Then the fence is 5 and the older token is fenced out without lowering it
+    with pytest.raises(FencedOut):
+        await backends.records.provision("s1", "agent-a", 4)
+    view = await backends.records.load("s1")
+    assert view is not None
+    assert view.fence == 5
+
+
+async def test_commit_appends_entries_tagged_with_turn_and_token(backends: Backends) -> None:
+    # Given a provisioned session
+    await backends.records.provision("s1", "agent-a", 1)
+    # When two turns commit in order
+    await backends.records.commit("s1", 1, "t1", [_entry("hi"), _entry("hello", "assistant")])
+    await backends.records.commit("s1", 1, "t2", [_entry("again")])
+    # Then the transcript holds every entry in commit order, tagged with turn and token
+    view = await backends.records.load("s1")
+    assert view is not None
+    assert view.entries == (
+        CommittedEntry(role="user", content="hi", data={"n": 2, "ok": True}, turn_id="t1", token=1),
+        CommittedEntry(
+            role="assistant", content="hello", data={"n": 5, "ok": True}, turn_id="t1", token=1
+        ),
+        CommittedEntry(
+            role="user", content="again", data={"n": 5, "ok": True}, turn_id="t2", token=1
+        ),
+    )
+
+
+async def test_commit_with_older_token_is_fenced_out(backends: Backends) -> None:
+    # Given a stale holder committed under token 1, then a new holder provisioned under token 2
+    await backends.records.provision("s1", "agent-a", 1)
+    await backends.records.commit("s1", 1, "t1", [_entry("old holder")])
+    await backends.records.provision("s1", "agent-a", 2)
+    # When the stale holder commits again under token 1
+    with pytest.raises(FencedOut):
+        await backends.records.commit("s1", 1, "t2", [_entry("late write")])
+    # Then nothing was appended, and the new holder still commits
+    await backends.records.commit("s1", 2, "t3", [_entry("new holder")])
+    view = await backends.records.load("s1")
+    assert view is not None
+    assert [(e.turn_id, e.token) for e in view.entries] == [("t1", 1), ("t3", 2)]
+
+
+async def test_commit_on_missing_record_is_fenced_out(backends: Backends) -> None:
+    # Given a session with no record
+    # When a turn commits to it
+    with pytest.raises(FencedOut):
+        await backends.records.commit("s1", 1, "t1", [_entry("orphan")])
+    # Then no record was created
+    assert await backends.records.load("s1") is None
+
+
+async def test_delete_removes_record_and_transcript(backends: Backends) -> None:
+    # Given a provisioned session with history
+    await backends.records.provision("s1", "agent-a", 1)
+    await backends.records.commit("s1", 1, "t1", [_entry("hi")])
+    # When it is deleted
+    await backends.records.delete("s1")
+    # Then it is gone, and a new provision binds afresh with an empty transcript
+    assert await backends.records.load("s1") is None
+    assert await backends.records.provision("s1", "agent-b", 2) == "agent-b"
+    assert await backends.records.load("s1") == RecordView("s1", "agent-b", 2)
+
+
+async def test_delete_missing_record_is_a_no_op(backends: Backends) -> None:
+    # Given one provisioned session
+    await backends.records.provision("s1", "agent-a", 1)
+    # When a session without record is deleted
+    await backends.records.delete("other")
+    # Then nothing else changed
+    assert await backends.records.load("s1") == RecordView("s1", "agent-a", 1)
