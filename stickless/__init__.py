@@ -41,8 +41,8 @@ from ._types import (
     TurnResult,
     UserInput,
 )
-from .backends.memory import MemoryBackends
 from .backends.base import FencedOut
+from .backends.memory import MemoryBackends
 from .router import (
     ClusterSessionStatus,
     EventStream,

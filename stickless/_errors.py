@@ -93,8 +93,10 @@ class TurnFailedError(SticklessError):
     def of(
         code: FailureCode, message: str = "", *, session_id: str = "", turn_id: str = ""
     ) -> TurnFailedError:
-        """Build the right subclass for `code` (CONFLICTING_AGENT is also a ConflictingAgentError)."""
-        cls = TurnConflictingAgentError if code is FailureCode.CONFLICTING_AGENT else TurnFailedError
+        """Build the subclass for `code` (CONFLICTING_AGENT is also a ConflictingAgentError)."""
+        cls = (
+            TurnConflictingAgentError if code is FailureCode.CONFLICTING_AGENT else TurnFailedError
+        )
         return cls(code, message, session_id=session_id, turn_id=turn_id)
 
 

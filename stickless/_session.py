@@ -92,7 +92,7 @@ SessionFactory = Callable[[str, str], Awaitable[LiveSession]]
 
 
 class FactoryOpener:
-    """Adapts a `session_factory(session_id, agent_ref)` to the opener protocol (ignores attributes)."""
+    """Adapts `session_factory(session_id, agent_ref)` to the opener protocol (no attributes)."""
 
     def __init__(self, factory: SessionFactory) -> None:
         self._factory = factory

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from ._errors import FailureCode
 from ._events import EVENT_ADAPTER, Event
-from ._types import Principal, Priority, PrimitiveMap, UserInput
+from ._types import PrimitiveMap, Principal, Priority, UserInput
 
 #: Upper bound of one encoded value; larger frames are refused on decode.
 MAX_FRAME_BYTES = 32 * 1024 * 1024

@@ -11,7 +11,7 @@ import asyncio
 import enum
 import heapq
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -23,7 +23,7 @@ from .._types import CommittedEntry, Priority, TurnOutput
 from ..backends.base import Backends, FencedOut, InboundMessage, Lease, UnreadableEntry
 from ..wire import Outcome
 from ._relay import EventRelay
-from ._work import Takeover, TurnWork
+from ._work import TurnWork
 
 log = logging.getLogger("stickless.actor")
 
@@ -323,7 +323,8 @@ class SessionActor:
                 return False
             except Exception as exc:
                 await self._host.complete(
-                    work, _failure(work, FailureCode.FAILED, f"record store: {exc}", self._host.node_id)
+                    work,
+                    _failure(work, FailureCode.FAILED, f"record store: {exc}", self._host.node_id),
                 )
                 return False
             self._provisioned = True
@@ -337,15 +338,17 @@ class SessionActor:
             return self._handle
         attributes: dict[str, Any] = {"options": dict(work.options), **work.open_attributes}
         try:
-            self._handle = await self._host.open_handle(
-                self.session_id, work.agent_ref, attributes
-            )
+            self._handle = await self._host.open_handle(self.session_id, work.agent_ref, attributes)
         except Exception as exc:
             log.exception("opener failed for %s", self.session_id)
             await self._host.complete(
                 work,
-                _failure(work, FailureCode.FAILED, f"opening the session failed: {exc}",
-                         self._host.node_id),
+                _failure(
+                    work,
+                    FailureCode.FAILED,
+                    f"opening the session failed: {exc}",
+                    self._host.node_id,
+                ),
             )
             return None
         return self._handle
@@ -390,7 +393,7 @@ class SessionActor:
             self.running = None
             raise
         outcome, terminal = await self._conclude(running, task)
-        await relay.finish(terminal, timeout=host.config.release_interrupt_timeout)
+        await relay.finish(terminal, flush_timeout=host.config.release_interrupt_timeout)
         self.running = None
         self.last_active = asyncio.get_running_loop().time()
         host.actor_state_changed(self)
@@ -401,7 +404,7 @@ class SessionActor:
     async def _conclude(
         self, running: RunningTurn, task: asyncio.Task[TurnOutput]
     ) -> tuple[Outcome, Event]:
-        """Turn the agent task's end into an outcome and a terminal frame (committing on success)."""
+        """The agent task's end as an outcome and a terminal frame (committing on success)."""
         work = running.work
         node = self._host.node_id
         if running.interrupt_code is not None:
@@ -451,8 +454,9 @@ class SessionActor:
                 if running is not None:
                     await self._host.complete(
                         running.work,
-                        _failure(running.work, reason.interrupt_code, reason.value,
-                                 self._host.node_id),
+                        _failure(
+                            running.work, reason.interrupt_code, reason.value, self._host.node_id
+                        ),
                     )
         pending = [work for _, work in sorted(self._mailbox, key=lambda item: item[0])]
         self._mailbox.clear()
@@ -468,10 +472,10 @@ class SessionActor:
 
 
 def _failure(work: TurnWork, code: FailureCode, message: str, node: str) -> Outcome:
-    return Outcome(turn_id=work.turn_id, ok=False, executed_by=node, code=code.value,
-                   message=message)
+    return Outcome(
+        turn_id=work.turn_id, ok=False, executed_by=node, code=code.value, message=message
+    )
 
 
 def _failed(work: TurnWork, code: FailureCode, message: str, node: str) -> tuple[Outcome, Event]:
     return _failure(work, code, message, node), TurnFailed(code=code, message=message)
-

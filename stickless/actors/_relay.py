@@ -50,9 +50,8 @@ class RankedQueue:
                     del self._items[index]
                     self.dropped += 1
                     return True
-        if is_terminal(incoming):
-            return True  # a terminal frame is kept even past capacity
-        return False
+        # A terminal frame is kept even past capacity; anything else is dropped.
+        return is_terminal(incoming)
 
     def take_all(self) -> list[Event]:
         items = list(self._items)
@@ -95,13 +94,15 @@ class EventRelay:
             self._closed = True
         self._wake.set()
 
-    async def finish(self, terminal: Event, timeout: float) -> None:
+    async def finish(self, terminal: Event, flush_timeout: float) -> None:
         """Emit the terminal frame and wait (bounded) until everything queued was dispatched."""
         self.emit(terminal)
         try:
-            await asyncio.wait_for(asyncio.shield(self._task), timeout)
+            await asyncio.wait_for(asyncio.shield(self._task), flush_timeout)
         except TimeoutError:
-            log.warning("relay %s/%s did not flush in %.1fs", self.session_id, self.turn_id, timeout)
+            log.warning(
+                "relay %s/%s did not flush in %.1fs", self.session_id, self.turn_id, flush_timeout
+            )
         if self.dropped:
             log.info("relay %s/%s dropped %d frame(s)", self.session_id, self.turn_id, self.dropped)
 

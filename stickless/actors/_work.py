@@ -49,9 +49,7 @@ class TurnWork:
     order: int = field(default_factory=lambda: next(_order))
 
     @classmethod
-    def from_request(
-        cls, req: SubmitRequest, turn_id: str, key: str, origin: str
-    ) -> TurnWork:
+    def from_request(cls, req: SubmitRequest, turn_id: str, key: str, origin: str) -> TurnWork:
         return cls(
             session_id=req.session_id,
             turn_id=turn_id,

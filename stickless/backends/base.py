@@ -256,7 +256,7 @@ class IdempotencyStore(Protocol):
         ...
 
     async def touch_many(self, refs: Sequence[ReservationRef], secondary_ttl: float) -> None:
-        """Push the staleness bound of every IN_FLIGHT reservation still held by its ref's holder."""
+        """Push the staleness bound of each IN_FLIGHT reservation still held by its holder."""
         ...
 
     async def acquire_holder(

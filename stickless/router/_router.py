@@ -561,7 +561,9 @@ class SessionRouter:
         stamped = list(frames)
         try:
             ids = await self._backends.events.append(session_id, stamped)
-            stamped = [f.model_copy(update={"event_id": i}) for f, i in zip(stamped, ids, strict=True)]
+            stamped = [
+                f.model_copy(update={"event_id": i}) for f, i in zip(stamped, ids, strict=True)
+            ]
         except Exception as exc:
             log.warning("event log append failed for %s: %s", session_id, exc)
         self._hub.fan_out(session_id, stamped)
@@ -684,7 +686,7 @@ class SessionRouter:
         return await self._requeue(pending, actor.token)
 
     async def _requeue(self, works: list[TurnWork], token: int) -> int:
-        """Put collected-but-unstarted work back in the inbox in order (NOT_HOLDER if that fails)."""
+        """Put collected-but-unstarted work back in the inbox in order (else NOT_HOLDER)."""
         requeued = 0
         for work in works:
             try:
@@ -804,7 +806,9 @@ class SessionRouter:
         if self._hub.remove(sub) and self._event_channels.pop(sub.session_id, None) is not None:
             await self._quiet(self._backends.signals.unsubscribe_events(sub.session_id))
 
-    async def interrupt(self, session_id: str, reason: str = "USER", turn_id: str | None = None) -> None:
+    async def interrupt(
+        self, session_id: str, reason: str = "USER", turn_id: str | None = None
+    ) -> None:
         """Interrupt the session's active turn wherever it runs (only `turn_id`, when given)."""
         self._check_open()
         actor = self._actors.get(session_id)
@@ -848,7 +852,7 @@ class SessionRouter:
                     del self._evict_waiters[session_id]
 
     async def _holder_lease(self, session_id: str) -> Lease | None:
-        """This node's lease on the session, taking it when nobody holds it; None if held elsewhere."""
+        """This node's lease on the session (taken if free); None when held elsewhere."""
         actor = self._actors.get(session_id)
         if actor is not None and actor.lease is not None:
             return actor.lease
@@ -955,7 +959,9 @@ class SessionRouter:
             if kind is SignalKind.MESSAGE_ENQUEUED:
                 held_by = signal.payload.get("held_by")
                 self._spawn(
-                    self._on_doorbell(signal.session_id, held_by if isinstance(held_by, str) else None),
+                    self._on_doorbell(
+                        signal.session_id, held_by if isinstance(held_by, str) else None
+                    ),
                     "doorbell",
                 )
             elif own:
@@ -1275,7 +1281,9 @@ def _consume_exception(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-def _as_async_factory(factory: Callable[[str, str], Any]) -> Callable[[str, str], Awaitable[LiveSession]]:
+def _as_async_factory(
+    factory: Callable[[str, str], Any],
+) -> Callable[[str, str], Awaitable[LiveSession]]:
     async def open_session(session_id: str, agent_ref: str) -> LiveSession:
         made = factory(session_id, agent_ref)
         if inspect.isawaitable(made):

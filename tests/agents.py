@@ -1,0 +1,126 @@
+"""Scripted agents for tests: they record what ran where, and can be held mid-turn."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stickless import (
+    LiveSession,
+    TextDelta,
+    TranscriptEntry,
+    TurnContext,
+    TurnOutput,
+    UserInput,
+)
+
+
+@dataclass
+class Journal:
+    """Shared record of every turn across the simulated cluster."""
+
+    started: list[tuple[str, str, str]] = field(default_factory=list)  # (session, turn, text)
+    finished: list[tuple[str, str]] = field(default_factory=list)
+    running: dict[str, int] = field(default_factory=dict)
+    max_concurrency: dict[str, int] = field(default_factory=dict)
+    opened: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    closed: list[str] = field(default_factory=list)
+    interrupts: list[tuple[str, str]] = field(default_factory=list)
+    injected: list[str] = field(default_factory=list)
+    #: Texts whose turns block until `release(text)` (or the turn is interrupted).
+    gates: dict[str, asyncio.Event] = field(default_factory=dict)
+    #: Set when a gated turn has started (so a test can act mid-turn).
+    entered: dict[str, asyncio.Event] = field(default_factory=dict)
+    accept_inject: bool = False
+
+    def gate(self, text: str) -> asyncio.Event:
+        """Make turns whose input is `text` wait for the returned event; entered[text] is set
+        when such a turn starts."""
+        self.entered[text] = asyncio.Event()
+        self.gates[text] = asyncio.Event()
+        return self.gates[text]
+
+    def texts(self, session_id: str) -> list[str]:
+        return [t for s, _, t in self.started if s == session_id]
+
+
+class ScriptedSession:
+    """Streams its input back word by word; honours gates and interrupts."""
+
+    def __init__(self, journal: Journal, session_id: str) -> None:
+        self.journal = journal
+        self.session_id = session_id
+
+    async def run_turn(self, turn: TurnContext) -> TurnOutput:
+        journal = self.journal
+        text = turn.input.as_text()
+        journal.started.append((turn.session_id, turn.turn_id, text))
+        journal.running[turn.session_id] = journal.running.get(turn.session_id, 0) + 1
+        journal.max_concurrency[turn.session_id] = max(
+            journal.max_concurrency.get(turn.session_id, 0), journal.running[turn.session_id]
+        )
+        try:
+            for word in text.split():
+                turn.emit(TextDelta(text=word + " "))
+                await asyncio.sleep(0)
+            gate = journal.gates.get(text)
+            if gate is not None:
+                journal.entered[text].set()
+                interrupted = asyncio.ensure_future(turn.interrupted.wait())
+                released = asyncio.ensure_future(gate.wait())
+                await asyncio.wait({interrupted, released}, return_when=asyncio.FIRST_COMPLETED)
+                interrupted.cancel()
+                released.cancel()
+            await turn.transcript.append(
+                TranscriptEntry(role="user", content=text),
+                TranscriptEntry(role="assistant", content=f"echo:{text}"),
+            )
+            journal.finished.append((turn.session_id, turn.turn_id))
+            return TurnOutput(text=f"echo:{text}", data={"words": len(text.split())})
+        finally:
+            journal.running[turn.session_id] -= 1
+
+    async def interrupt(self, reason: str) -> None:
+        self.journal.interrupts.append((self.session_id, reason))
+
+    async def inject(self, item: UserInput) -> bool:
+        if self.journal.accept_inject:
+            self.journal.injected.append(item.as_text())
+            return True
+        return False
+
+    async def aclose(self) -> None:
+        self.journal.closed.append(self.session_id)
+
+
+class ScriptedOpener:
+    """Opens ScriptedSessions and records the attributes it was given."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+
+    async def open(
+        self, session_id: str, agent_ref: str, attributes: Mapping[str, Any]
+    ) -> LiveSession:
+        self.journal.opened.append((session_id, agent_ref, dict(attributes)))
+        return ScriptedSession(self.journal, session_id)
+
+
+async def wait_until(predicate: Any, within: float = 10.0) -> None:
+    """Poll a condition that no event signals (store state, TTL expiry), bounded by `within`.
+
+    `predicate` may be a plain function or a coroutine function.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.005)
