@@ -74,6 +74,8 @@ class ActorHost(Protocol):
 
     async def answer_unreadable(self, session_id: str, entry: UnreadableEntry) -> None: ...
 
+    def holds_lease(self, session_id: str, token: int) -> bool: ...
+
     def actor_state_changed(self, actor: SessionActor) -> None: ...
 
 
@@ -114,7 +116,6 @@ class SessionActor:
         self._stopping: asyncio.Future[list[TurnWork]] | None = None
         self._side_tasks: set[asyncio.Task[Any]] = set()
         self.last_active = asyncio.get_running_loop().time()
-        self.renewed_at = self.last_active
 
     # ------------------------------------------------------------------ state
 
@@ -422,7 +423,8 @@ class SessionActor:
         staged = running.context.transcript.staged
         if staged:
             lease = self.lease
-            if lease is None:
+            if lease is None or not self._host.holds_lease(self.session_id, lease.token):
+                self.drop_lease()
                 return _failed(work, FailureCode.LEASE_LOST, "lease lost before commit", node)
             try:
                 await self._host.backends.records.commit(

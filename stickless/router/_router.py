@@ -43,7 +43,6 @@ from ..backends.base import (
     InboundMessage,
     Lease,
     Reservation,
-    ReservationRef,
     ReservationState,
     Subscription,
     UnreadableEntry,
@@ -62,6 +61,7 @@ from ..wire import (
     event_to_payload,
 )
 from ._api import ClusterSessionStatus, SessionState, SubmitDisposition, SubmitKind
+from ._renewal import LeaseRenewer
 from ._stream import EventStream
 
 log = logging.getLogger("stickless.router")
@@ -124,7 +124,16 @@ class SessionRouter:
         self._locks = _KeyedLocks()
         self._waiters: dict[str, list[tuple[asyncio.Future[TurnResult], str]]] = {}
         self._forwards: dict[str, _Forward] = {}
-        self._held: set[tuple[str, str]] = set()
+        self._renewer = LeaseRenewer(
+            backends.clone(),
+            self._node_id,
+            lease_ttl=config.lease_ttl,
+            interval=config.lease_extend_interval,
+            secondary_ttl=config.idempotency_secondary_ttl,
+            watchdog_timeout=config.effective_watchdog_timeout,
+            on_lost=self._lost_on_renewer_thread,
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._hub = SubscriberHub()
         self._event_channels: dict[str, asyncio.Future[None]] = {}
         self._projection: dict[str, ClusterSessionStatus] = {}
@@ -193,6 +202,11 @@ class SessionRouter:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def renewer(self) -> LeaseRenewer:
+        """The lease renewer (diagnostics and failure tests)."""
+        return self._renewer
+
     def local_sessions(self) -> list[str]:
         """Sessions this node currently holds (has an actor for)."""
         return list(self._actors)
@@ -203,10 +217,12 @@ class SessionRouter:
         """Subscribe to the control channel and start the background loops."""
         if self._started:
             return
+        self._loop = asyncio.get_running_loop()
         self._control = await self._backends.signals.subscribe(self._on_signal)
         self._started = True
+        self._renewer.start()
         for loop in (
-            self._renewal_loop(),
+            self._heartbeat_loop(),
             self._forward_poll_loop(),
             self._cache_sweep_loop(),
             self._status_heartbeat_loop(),
@@ -228,6 +244,7 @@ class SessionRouter:
         await asyncio.gather(
             *(self._give_up(a, StopReason.SHUTDOWN) for a in actors), return_exceptions=True
         )
+        await asyncio.to_thread(self._renewer.stop)
         await self._stop_background()
         for session_id in list(self._event_channels):
             with contextlib.suppress(Exception):
@@ -242,6 +259,7 @@ class SessionRouter:
     async def kill(self) -> None:
         """Simulated crash: stop every task without releasing or announcing anything."""
         self._closed = True
+        await asyncio.to_thread(self._renewer.stop)
         for loop in self._loops:
             loop.cancel()
         for actor in list(self._actors.values()):
@@ -373,7 +391,7 @@ class SessionRouter:
         except BaseException:
             with contextlib.suppress(Exception):
                 await self._backends.idempotency.discard_reservation(session_id, key, turn_id)
-            self._held.discard((session_id, key))
+            self._renewer.disown(session_id, key)
             raise
 
     def _primary_ttl(self, key: str) -> float:
@@ -422,14 +440,14 @@ class SessionRouter:
         async with self._locks.hold(session_id):
             actor = self._actors.get(session_id)
             if actor is not None and actor.accepting and actor.lease is not None:
-                self._held.add((session_id, work.key))
+                self._renewer.own(session_id, work.key)
                 actor.enqueue(work)
                 self._metrics.emit("on_cache_hit", session_id)
                 return self._local(work, future)
             if actor is None:
                 claimed = await self._claim(session_id, work.agent_ref)
                 if isinstance(claimed, SessionActor):
-                    self._held.add((session_id, work.key))
+                    self._renewer.own(session_id, work.key)
                     claimed.enqueue(work)
                     return self._local(work, future)
                 held_by, token = claimed.holder, claimed.token
@@ -495,6 +513,7 @@ class SessionRouter:
                 )
         actor = SessionActor(self, session_id, won, bound)
         self._actors[session_id] = actor
+        self._renewer.track(won)
         self._metrics.emit("on_cache_miss", session_id)
         self._enforce_lru()
         return actor
@@ -590,7 +609,7 @@ class SessionRouter:
                 )
             except Exception as exc:
                 log.warning("mark_done failed for %s/%s: %s", work.session_id, work.turn_id, exc)
-        self._held.discard((work.session_id, work.key))
+        self._renewer.disown(work.session_id, work.key)
         self._resolve(outcome)
         await self._publish_quiet(
             SignalKind.TURN_RESULT,
@@ -612,7 +631,7 @@ class SessionRouter:
         if takeover is Takeover.REJECTED:
             self._metrics.emit("on_takeover_rejected", env.session_id, env.key)
         else:
-            self._held.add((env.session_id, env.key))
+            self._renewer.own(env.session_id, env.key)
         return TurnWork.from_envelope(env, takeover)
 
     async def answer_unreadable(self, session_id: str, entry: UnreadableEntry) -> None:
@@ -641,6 +660,9 @@ class SessionRouter:
             ),
         )
 
+    def holds_lease(self, session_id: str, token: int) -> bool:
+        return self._renewer.holds(session_id, token)
+
     def actor_state_changed(self, actor: SessionActor) -> None:
         if self._closed or self._actors.get(actor.session_id) is not actor:
             return
@@ -668,6 +690,7 @@ class SessionRouter:
         pending = await actor.stop(reason)
         if self._actors.get(actor.session_id) is actor:
             del self._actors[actor.session_id]
+            self._renewer.untrack(actor.session_id)
         self._metrics.emit("on_evict", actor.session_id, reason.name)
         self._publish_gone(actor)
         if reason.ends_queue:
@@ -694,7 +717,7 @@ class SessionRouter:
                     await self._backends.idempotency.release_holder(
                         work.session_id, work.key, self._node_id, self._config.forward_ttl
                     )
-                self._held.discard((work.session_id, work.key))
+                self._renewer.disown(work.session_id, work.key)
                 await self._backends.inbox.deliver(work.to_envelope())
             except Exception as exc:
                 log.warning("re-delivery of %s failed: %s", work.turn_id, exc)
@@ -1094,41 +1117,25 @@ class SessionRouter:
 
     # ================================================================== background loops
 
-    async def _renewal_loop(self) -> None:
+    async def _heartbeat_loop(self) -> None:
+        """Tell the renewer's watchdog that this loop is alive."""
+        interval = min(self._config.lease_extend_interval / 2, 1.0)
         while True:
-            await asyncio.sleep(self._config.lease_extend_interval)
-            await self._renew_tick()
+            self._renewer.beat()
+            await asyncio.sleep(interval)
 
-    async def _renew_tick(self) -> None:
-        """Renew every lease and touch every held reservation, one round trip per role."""
-        loop = asyncio.get_running_loop()
-        actors = [a for a in self._actors.values() if a.lease is not None]
-        leases = [a.lease for a in actors if a.lease is not None]
-        if leases:
-            try:
-                renewed = await self._backends.leases.renew_many(leases, self._config.lease_ttl)
-            except Exception as exc:
-                log.warning("lease renewal failed: %s", exc)
-                now = loop.time()
-                for actor in actors:
-                    if now - actor.renewed_at > self._config.lease_ttl:
-                        self._lease_lost(actor)
-            else:
-                now = loop.time()
-                for actor, lease in zip(actors, renewed, strict=True):
-                    if lease is None:
-                        self._lease_lost(actor)
-                    elif actor.lease is not None:
-                        actor.lease = lease
-                        actor.renewed_at = now
-        refs = [ReservationRef(s, k, self._node_id) for s, k in self._held]
-        if refs:
-            try:
-                await self._backends.idempotency.touch_many(
-                    refs, self._config.idempotency_secondary_ttl
-                )
-            except Exception as exc:
-                log.warning("reservation touch failed: %s", exc)
+    def _lost_on_renewer_thread(self, session_id: str, token: int) -> None:
+        """Renewer thread: a lease was lost; hand the reaction to the main loop, never block."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._on_lease_lost, session_id, token)
+
+    def _on_lease_lost(self, session_id: str, token: int) -> None:
+        actor = self._actors.get(session_id)
+        if actor is not None and actor.token == token and not self._closed:
+            self._lease_lost(actor)
 
     def _lease_lost(self, actor: SessionActor) -> None:
         if actor.lease is None:

@@ -35,6 +35,7 @@ class MemoryBackends:
         self._attach(Link(State(clock, max_len)))
 
     def _attach(self, link: Link) -> None:
+        """Bind every role to `link`."""
         self._link = link
         self.leases = MemoryLeaseStore(link)
         self.records = MemoryRecordStore(link)

@@ -76,6 +76,7 @@ class MemorySubscription:
             await asyncio.wait([task])
 
     async def _consume(self) -> None:
+        """Hand queued signals to the handler one at a time; a failing handler is only logged."""
         while True:
             data = await self._queue.get()
             if data is None or self._closed:

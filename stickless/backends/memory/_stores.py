@@ -257,8 +257,9 @@ def _live_reservation(state: State, session_id: str, key: str, now: float) -> Re
     return row
 
 
-def _held_by(row: ReservationRow | None, holder: str | None) -> bool:
-    return row is not None and row.state is ReservationState.IN_FLIGHT and row.holder == holder
+def _held_by(row: ReservationRow, holder: str | None) -> bool:
+    """True when the reservation is IN_FLIGHT and held by `holder` (None: holderless)."""
+    return row.state is ReservationState.IN_FLIGHT and row.holder == holder
 
 
 def _view(session_id: str, key: str, row: ReservationRow, now: float) -> Reservation:
