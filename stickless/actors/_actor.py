@@ -70,7 +70,7 @@ class ActorHost(Protocol):
 
     async def complete(self, work: TurnWork, outcome: Outcome) -> None: ...
 
-    async def take_over(self, message: InboundMessage) -> TurnWork: ...
+    async def take_over(self, message: InboundMessage) -> TurnWork | None: ...
 
     async def answer_unreadable(self, session_id: str, entry: UnreadableEntry) -> None: ...
 
@@ -242,7 +242,11 @@ class SessionActor:
             return []
         for entry in batch.unreadable:
             await self._host.answer_unreadable(self.session_id, entry)
-        taken = [await self._host.take_over(message) for message in batch.messages]
+        taken = [
+            work
+            for message in batch.messages
+            if (work := await self._host.take_over(message)) is not None
+        ]
         if max_priority is Priority.NOW:
             return taken
         for work in taken:

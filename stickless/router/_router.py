@@ -226,6 +226,7 @@ class SessionRouter:
             self._forward_poll_loop(),
             self._cache_sweep_loop(),
             self._status_heartbeat_loop(),
+            self._holder_loss_sweep_loop(),
         ):
             self._loops.append(asyncio.get_running_loop().create_task(loop))
 
@@ -617,8 +618,13 @@ class SessionRouter:
             TurnResultPayload(key=work.key, outcome=outcome).model_dump(mode="python"),
         )
 
-    async def take_over(self, message: InboundMessage) -> TurnWork:
-        """F4: take over a collected message's reservation (won / rejected / unknown)."""
+    async def take_over(self, message: InboundMessage) -> TurnWork | None:
+        """F4: take over a collected message's reservation (won / rejected / unknown).
+
+        A rejected message still runs unless its reservation already holds an answer for it
+        (DONE, or FAILED e.g. by a holder-loss reset): then that answer is re-sent instead, so
+        a request its caller was already answered for never runs a second time.
+        """
         env = message.envelope
         try:
             result = await self._backends.idempotency.acquire_holder(
@@ -628,10 +634,19 @@ class SessionRouter:
         except Exception as exc:
             log.warning("acquire_holder for %s/%s unknown: %s", env.session_id, env.key, exc)
             takeover = Takeover.UNKNOWN
-        if takeover is Takeover.REJECTED:
-            self._metrics.emit("on_takeover_rejected", env.session_id, env.key)
-        else:
+        if takeover is not Takeover.REJECTED:
             self._renewer.own(env.session_id, env.key)
+            return TurnWork.from_envelope(env, takeover)
+        self._metrics.emit("on_takeover_rejected", env.session_id, env.key)
+        found = await self._quiet(self._backends.idempotency.find(env.session_id, env.key))
+        if found is not None and found.turn_id == env.turn_id and found.outcome is not None:
+            self._resolve(found.outcome)
+            await self._publish_quiet(
+                SignalKind.TURN_RESULT,
+                env.session_id,
+                TurnResultPayload(key=env.key, outcome=found.outcome).model_dump(mode="python"),
+            )
+            return None
         return TurnWork.from_envelope(env, takeover)
 
     async def answer_unreadable(self, session_id: str, entry: UnreadableEntry) -> None:
@@ -1216,6 +1231,41 @@ class SessionRouter:
             excess -= 1
             if not actor.busy:
                 self._spawn(self._give_up_locked(actor, StopReason.LRU), "lru")
+
+    async def _holder_loss_sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._config.holder_loss_sweep_interval)
+            await self._sweep_holder_loss()
+            await self._scan_orphans()
+
+    async def _sweep_holder_loss(self) -> None:
+        """§6.3D: reset stale IN_FLIGHT reservations; each reset's one winner announces it."""
+        try:
+            stale = await self._backends.idempotency.find_stale_in_flight(limit=256)
+        except Exception as exc:
+            log.warning("holder-loss sweep failed: %s", exc)
+            return
+        owned = self._renewer.owned()
+        for reservation in stale:
+            if reservation.holder == self._node_id and (
+                (reservation.session_id, reservation.key) in owned
+            ):
+                continue  # ours and alive: only our touches lag; never announce a live turn
+            try:
+                await self._reset_stale(reservation)
+            except SticklessError as exc:
+                log.warning("holder-loss reset of %s failed: %s", reservation.turn_id, exc)
+
+    async def _scan_orphans(self) -> None:
+        """Claim sessions whose inbox waited past a lease TTL with nobody collecting (§14)."""
+        try:
+            sessions = await self._backends.inbox.pending_sessions(self._config.lease_ttl)
+        except Exception as exc:
+            log.warning("orphan scan failed: %s", exc)
+            return
+        for session_id in sessions:
+            if session_id not in self._actors:
+                await self._claim_and_drain(session_id)
 
     async def _status_heartbeat_loop(self) -> None:
         while True:

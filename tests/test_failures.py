@@ -1,0 +1,330 @@
+"""Failure handling on the simulated cluster: renewal, watchdog, fencing, holder loss, orphans,
+poison entries, graceful shutdown and metrics that fail."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from stickless import (
+    FailureCode,
+    Priority,
+    RouterClosedError,
+    SubmitKind,
+    SubmitRequest,
+    TurnFailedError,
+)
+from stickless.testing import CountingMetrics, LocalCluster
+from stickless.wire import pack
+
+from .agents import Journal, ScriptedOpener, ScriptedSession, wait_until
+from .conftest import make_cluster
+
+#: Failure tests shrink every bound so detection happens within a couple of seconds.
+QUICK: dict[str, Any] = dict(
+    lease_ttl=1.0,
+    lease_extend_interval=0.25,
+    idempotency_secondary_ttl=0.5,
+    holder_loss_sweep_interval=0.25,
+)
+
+
+def req(session: str, text: str, **kw: object) -> SubmitRequest:
+    return SubmitRequest(session_id=session, agent_ref="bot", input=text, **kw)  # type: ignore[arg-type]
+
+
+async def lease_of(cluster: LocalCluster, session: str) -> tuple[str, int] | None:
+    lease = await cluster.backends.leases.current(session)
+    return (lease.holder, lease.token) if lease else None
+
+
+# ---------------------------------------------------------------- renewal and watchdog
+
+
+async def test_agent_blocking_the_loop_for_two_lease_ttls_keeps_its_lease(
+    journal: Journal,
+) -> None:
+    class Blocking(ScriptedSession):
+        async def run_turn(self, turn):  # type: ignore[no-untyped-def]
+            if turn.input.as_text() == "block":
+                # A CPU-bound turn that starves the event loop (deliberately blocking).
+                time.sleep(2 * QUICK["lease_ttl"])  # noqa: ASYNC251
+            return await super().run_turn(turn)
+
+    async with LocalCluster(
+        2, session_factory=lambda s, a: Blocking(journal, s), **QUICK
+    ) as cluster:
+        a = cluster.nodes[0]
+        await (await a.submit(req("s1", "warm"))).result
+        before = await lease_of(cluster, "s1")
+        # When a turn blocks the whole event loop for twice the lease TTL
+        result = await (await a.submit(req("s1", "block"))).result
+        # Then the renewal thread kept the lease: same holder, same token, and the commit landed
+        assert await lease_of(cluster, "s1") == before
+        assert result.executed_by == a.node_id
+        record = await cluster.backends.records.load("s1")
+        assert record is not None and record.entries[-1].content == "echo:block"
+
+
+async def test_watchdog_stops_renewing_for_a_wedged_loop(journal: Journal) -> None:
+    async with make_cluster(journal, **QUICK, watchdog_timeout=0.5) as cluster:
+        a, b, _ = cluster.nodes
+        await (await a.submit(req("s1", "mine"))).result
+        # When A's main loop stops ticking (as seen by its renewer)
+        a.renewer.ignore_heartbeats()
+
+        # Then A stops renewing past the watchdog bound and B can take the session
+        await wait_until(lambda: lease_expired(cluster), within=10)
+        disp = await b.submit(req("s1", "b's turn"))
+        assert disp.kind is SubmitKind.EXECUTED_LOCALLY
+        assert (await disp.result).executed_by == b.node_id
+
+
+async def lease_expired(cluster: LocalCluster) -> bool:
+    return await cluster.backends.leases.current("s1") is None
+
+
+async def test_lost_lease_interrupts_the_turn_once_and_requeues_waiting_work(
+    journal: Journal,
+) -> None:
+    metrics = CountingMetrics()
+    # (reservations stay fresh far longer than the lease, so no holder-loss sweep interferes)
+    settings = {**QUICK, "idempotency_secondary_ttl": 10.0}
+    async with LocalCluster(
+        3, opener=ScriptedOpener(journal), metrics=metrics, **settings
+    ) as cluster:
+        a = cluster.nodes[0]
+        journal.gate("first")
+        first = await a.submit(req("s1", "first"))
+        await journal.entered["first"].wait()
+        queued = await a.submit(req("s1", "queued"))
+        # When A's renewals stall past the lease TTL, so the next renewal finds it lost
+        a.renewer.pause()
+        await wait_until(lambda: lease_expired(cluster), within=10)
+        a.renewer.resume()
+        # Then A's turn ends with LEASE_LOST exactly once, and the queued turn runs elsewhere
+        with pytest.raises(TurnFailedError) as failure:
+            await first.result
+        assert failure.value.code is FailureCode.LEASE_LOST
+        result = await asyncio.wait_for(queued.result, 10)
+        assert result.text == "echo:queued"
+        assert metrics.counts["on_lease_extend_failed"] == 1
+
+
+# ---------------------------------------------------------------- fencing
+
+
+async def test_paused_holders_late_commit_is_fenced_out(journal: Journal) -> None:
+    # (reservations stay fresh far longer than the lease, so the fence answers, not the sweep)
+    async with make_cluster(journal, **{**QUICK, "idempotency_secondary_ttl": 10.0}) as cluster:
+        a, b, _ = cluster.nodes
+        await (await a.submit(req("s1", "before"))).result
+        gate = journal.gate("late")
+        late = await a.submit(req("s1", "late"))
+        await journal.entered["late"].wait()
+        # Given A is paused past its lease (renewals frozen) and B takes the session
+        a.renewer.pause()
+        await wait_until(lambda: lease_expired(cluster), within=10)
+        taken = await b.submit(req("s1", "from b"))
+        assert taken.kind is SubmitKind.EXECUTED_LOCALLY
+        await taken.result
+        # When A's turn finally finishes and tries to commit
+        gate.set()
+        # Then the write is refused by the fence and the turn ends LEASE_LOST
+        with pytest.raises(TurnFailedError) as failure:
+            await late.result
+        assert failure.value.code is FailureCode.LEASE_LOST
+        record = await cluster.backends.records.load("s1")
+        assert record is not None
+        assert [e.content for e in record.entries] == [
+            "before",
+            "echo:before",
+            "from b",
+            "echo:from b",
+        ]
+        tokens = [e.token for e in record.entries]
+        assert tokens == sorted(tokens)
+        turns = [e.turn_id for e in record.entries]
+        assert turns[0] == turns[1] and turns[2] == turns[3] and turns[1] != turns[2]
+
+
+# ---------------------------------------------------------------- holder loss (§6.3D)
+
+
+async def test_holder_death_answers_running_and_collected_callers_with_holder_lost(
+    journal: Journal,
+) -> None:
+    async with make_cluster(journal, **QUICK) as cluster:
+        a, b, c = cluster.nodes
+        await (await a.submit(req("s1", "committed"))).result
+        watcher = c.events("s1")
+        await watcher.ready()
+        journal.gate("warmup")
+        warm = await a.submit(req("s1", "warmup"))
+        await journal.entered["warmup"].wait()
+        # Given two forwarded callers, on B and C, queued behind A's running turn
+        journal.gate("running")
+        on_b = await b.submit(req("s1", "running"))
+        on_c = await c.submit(req("s1", "waiting"))
+        journal.gates["warmup"].set()
+        await warm.result
+        # ...A collected both: one runs, the other waits in A's mailbox
+        await journal.entered["running"].wait()
+        assert await cluster.backends.inbox.is_empty("s1")
+        # When A dies abruptly
+        started = asyncio.get_running_loop().time()
+        await cluster.kill(a)
+        # Then both callers get HOLDER_LOST within lease TTL + secondary TTL + sweep (+ slack)
+        for disp in (on_b, on_c):
+            with pytest.raises(TurnFailedError) as failure:
+                await asyncio.wait_for(disp.result, 10)
+            assert failure.value.code is FailureCode.HOLDER_LOST
+        elapsed = asyncio.get_running_loop().time() - started
+        bound = QUICK["lease_ttl"] + QUICK["idempotency_secondary_ttl"]
+        assert elapsed < bound + QUICK["holder_loss_sweep_interval"] + 3.0
+        # And the next submit is served by a survivor that sees the committed history
+        result = await (await b.submit(req("s1", "after"))).result
+        assert result.executed_by in (b.node_id, c.node_id)
+        record = await cluster.backends.records.load("s1")
+        assert record is not None
+        assert [e.content for e in record.entries][:2] == ["committed", "echo:committed"]
+        assert "running" not in [e.content for e in record.entries]
+        # And exactly one Interrupted(HOLDER_LOST) per lost turn reached the subscriber
+        lost: list[str] = []
+        async for event in watcher:
+            if event.type == "interrupted" and event.reason == "HOLDER_LOST":
+                lost.append(event.turn_id)
+            if event.type == "turn_completed" and event.turn_id == result.turn_id:
+                break
+        await watcher.aclose()
+        assert sorted(lost) == sorted([on_b.turn_id, on_c.turn_id])
+
+
+# ---------------------------------------------------------------- orphaned messages
+
+
+async def test_forwarder_rerings_the_doorbell_for_an_uncollected_message(
+    journal: Journal,
+) -> None:
+    metrics = CountingMetrics()
+    async with LocalCluster(3, opener=ScriptedOpener(journal), metrics=metrics, **QUICK) as cluster:
+        a, b, _ = cluster.nodes
+        await (await a.submit(req("s1", "claim"))).result
+        # Given the holder dies before it could collect a forwarded message
+        await cluster.kill(a)
+        disp = await b.submit(req("s1", "orphan"))
+        assert disp.kind is SubmitKind.FORWARDED
+        # Then the forwarder's poll re-rings until the lease expires and someone drains
+        result = await asyncio.wait_for(disp.result, 10)
+        assert result.text == "echo:orphan"
+        assert metrics.counts["on_forward_doorbell_rerung"] >= 1
+
+
+async def test_message_survives_death_of_both_holder_and_submitter(journal: Journal) -> None:
+    async with make_cluster(journal, **QUICK) as cluster:
+        a, b, c = cluster.nodes
+        await (await a.submit(req("s1", "claim"))).result
+        await cluster.kill(a)
+        disp = await b.submit(req("s1", "orphan", idempotency_key="k"))
+        await cluster.kill(b)
+
+        # When nobody is left waiting for it, the survivor's pending-sessions scan claims it
+        async def done() -> bool:
+            found = await cluster.backends.idempotency.find("s1", "c:k")
+            return found is not None and found.outcome is not None
+
+        await wait_until(done, within=10)
+        found = await cluster.backends.idempotency.find("s1", "c:k")
+        assert found is not None and found.outcome is not None
+        assert found.outcome.ok and found.outcome.executed_by == c.node_id
+        assert disp.kind is SubmitKind.FORWARDED
+
+
+# ---------------------------------------------------------------- poison entries (seed 001)
+
+
+async def test_unreadable_entry_fails_its_caller_and_spares_its_batch(
+    cluster: LocalCluster, journal: Journal
+) -> None:
+    a, b, c = cluster.nodes
+    journal.gate("busy")
+    busy = await a.submit(req("s1", "busy"))
+    await journal.entered["busy"].wait()
+    # Given B's delivery of one message is corrupted on the way into the inbox
+    inbox = b.backends.inbox
+    deliver = inbox.deliver
+
+    async def corrupting(envelope):  # type: ignore[no-untyped-def]
+        if envelope.input.as_text() == "poison":
+            raw = envelope.model_dump(mode="python")
+            raw["priority"] = "not a priority"
+            return await cluster.backends.inbox.deliver_raw(
+                envelope.session_id, Priority.NEXT, pack(raw)
+            )
+        return await deliver(envelope)
+
+    inbox.deliver = corrupting  # type: ignore[method-assign]
+    good1 = await c.submit(req("s1", "good one"))
+    poison = await b.submit(req("s1", "poison", idempotency_key="p"))
+    good2 = await c.submit(req("s1", "good two"))
+    # When the holder collects the batch
+    journal.gates["busy"].set()
+    # Then the corrupt entry's caller is answered UNREADABLE and the others run in order
+    with pytest.raises(TurnFailedError) as failure:
+        await poison.result
+    assert failure.value.code is FailureCode.UNREADABLE
+    assert (await good1.result).text == "echo:good one"
+    assert (await good2.result).text == "echo:good two"
+    await busy.result
+    assert journal.texts("s1") == ["busy", "good one", "good two"]
+    assert await cluster.backends.idempotency.find("s1", "c:p") is None
+    assert await cluster.backends.inbox.is_empty("s1")
+
+
+# ---------------------------------------------------------------- graceful shutdown (§6.3C)
+
+
+async def test_graceful_shutdown_hands_sessions_over_at_once(journal: Journal) -> None:
+    async with make_cluster(journal, lease_ttl=30.0, lease_extend_interval=10.0) as cluster:
+        a, b, c = cluster.nodes
+        journal.gate("long")
+        long_turn = await a.submit(req("s1", "long"))
+        await journal.entered["long"].wait()
+        queued = await b.submit(req("s1", "queued"))
+        # When A shuts down gracefully with a short grace while a turn runs
+        started = asyncio.get_running_loop().time()
+        await a.aclose(grace=0.1)
+        # Then the running turn was interrupted for shutdown, the waiting message is served by
+        # another node, and all of it well under one lease TTL (30 s here)
+        with pytest.raises(TurnFailedError) as interrupted:
+            await long_turn.result
+        assert interrupted.value.code is FailureCode.INTERRUPTED
+        result = await asyncio.wait_for(queued.result, 10)
+        assert result.executed_by in (b.node_id, c.node_id)
+        assert asyncio.get_running_loop().time() - started < 5.0
+        assert ("s1", "SYSTEM_SHUTDOWN") in journal.interrupts
+        assert journal.closed.count("s1") == 1
+        with pytest.raises(RouterClosedError):
+            await a.submit(req("s1", "refused"))
+        await a.aclose()  # idempotent
+
+
+# ---------------------------------------------------------------- metrics
+
+
+async def test_failing_metrics_never_break_a_session(journal: Journal) -> None:
+    class Broken(CountingMetrics):
+        def _record(self, hook: str, *args: Any) -> None:
+            super()._record(hook, *args)
+            raise RuntimeError(f"metrics backend down in {hook}")
+
+    metrics = Broken()
+    async with LocalCluster(3, opener=ScriptedOpener(journal), metrics=metrics) as cluster:
+        a, b, _ = cluster.nodes
+        assert (await (await a.submit(req("s1", "x"))).result).text == "echo:x"
+        assert (await (await b.submit(req("s1", "y"))).result).text == "echo:y"
+    assert metrics.counts["on_submit"] == 2
+    assert metrics.counts["on_lock_acquire"] >= 1
