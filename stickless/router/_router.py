@@ -137,8 +137,10 @@ class SessionRouter:
         self._hub = SubscriberHub()
         self._event_channels: dict[str, asyncio.Future[None]] = {}
         self._projection: dict[str, ClusterSessionStatus] = {}
+        self._projection_received: dict[str, float] = {}
         self._evict_waiters: dict[str, list[asyncio.Event]] = {}
         self._status_seq = 0
+        self._last_status: dict[str, tuple[SessionState, str | None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._control: Subscription | None = None
@@ -806,6 +808,7 @@ class SessionRouter:
                 self._fail_turn(turn_id, FailureCode.EVICTED, f"session {session_id} was evicted")
         self._hub.finish_session(session_id)
         self._projection.pop(session_id, None)
+        self._projection_received.pop(session_id, None)
         for waiter in self._evict_waiters.pop(session_id, []):
             waiter.set()
 
@@ -942,7 +945,9 @@ class SessionRouter:
         if actor is not None:
             return self._local_status(actor)
         seen = self._projection.get(session_id)
-        if seen is not None:
+        fresh_for = 3 * self._config.status_heartbeat_interval
+        received = self._projection_received.get(session_id, 0.0)
+        if seen is not None and asyncio.get_running_loop().time() - received <= fresh_for:
             return seen.model_copy(update={"observed_by": self._node_id})
         lease = await self._io(self._backends.leases.current(session_id))
         return ClusterSessionStatus(
@@ -1080,23 +1085,39 @@ class SessionRouter:
 
     # ================================================================== status (§5.4)
 
-    def _publish_status(self, actor: SessionActor) -> None:
-        self._status_seq += 1
+    def _status_signal(self, actor: SessionActor) -> Signal | None:
+        """A STATUS snapshot of the actor, or None when nothing observable changed."""
         running = actor.running
+        state = SessionState.RUNNING if running is not None else SessionState.IDLE
+        turn_id = running.work.turn_id if running is not None else None
+        if self._last_status.get(actor.session_id) == (state, turn_id):
+            return None
+        self._last_status[actor.session_id] = (state, turn_id)
+        self._status_seq += 1
         payload = StatusPayload(
             holder=self._node_id,
             token=actor.token,
-            state=(SessionState.RUNNING if running is not None else SessionState.IDLE).value,
-            active_turn_id=running.work.turn_id if running is not None else None,
+            state=state.value,
+            active_turn_id=turn_id,
             queued=actor.queued,
             seq=self._status_seq,
             updated_at=time.time(),
         )
-        self._spawn(self._publish_quiet(SignalKind.STATUS, actor.session_id, payload.model_dump()))
+        return Signal(
+            kind=SignalKind.STATUS.value,
+            session_id=actor.session_id,
+            origin=self._node_id,
+            payload=payload.model_dump(),
+        )
+
+    def _publish_status(self, actor: SessionActor) -> None:
+        """Broadcast the actor's state when it changed (RUNNING / IDLE / active turn)."""
+        signal = self._status_signal(actor)
+        if signal is not None:
+            self._spawn(self._quiet(self._backends.signals.publish(signal)))
 
     def _publish_gone(self, actor: SessionActor) -> None:
-        if self._closed and not self._started:
-            return
+        self._last_status.pop(actor.session_id, None)
         self._status_seq += 1
         payload = StatusPayload(
             holder=self._node_id,
@@ -1117,7 +1138,9 @@ class SessionRouter:
         if state is SessionState.GONE:
             if current is None or current.origin == signal.origin:
                 self._projection.pop(signal.session_id, None)
+                self._projection_received.pop(signal.session_id, None)
             return
+        self._projection_received[signal.session_id] = asyncio.get_running_loop().time()
         self._projection[signal.session_id] = ClusterSessionStatus(
             session_id=signal.session_id,
             holder=payload.holder,
@@ -1268,10 +1291,19 @@ class SessionRouter:
                 await self._claim_and_drain(session_id)
 
     async def _status_heartbeat_loop(self) -> None:
+        """Re-announce every held session's state (one batched publish per heartbeat)."""
         while True:
             await asyncio.sleep(self._config.status_heartbeat_interval)
-            for actor in list(self._actors.values()):
-                self._publish_status(actor)
+            self._last_status.clear()
+            # Only running sessions: idle ones do not change, and status() of a session nobody
+            # re-announced falls back to reading its lease.
+            signals = [
+                signal
+                for actor in list(self._actors.values())
+                if actor.running is not None and (signal := self._status_signal(actor)) is not None
+            ]
+            if signals:
+                await self._quiet(self._backends.signals.publish_many(signals))
 
     # ================================================================== holder loss (§6.3D)
 
