@@ -14,6 +14,7 @@ from typing import Any
 
 from . import (
     Event,
+    FailureCode,
     IdempotencyConflictError,
     Interrupted,
     SessionRouter,
@@ -207,6 +208,7 @@ class Demo:
 
     @property
     def nodes(self) -> list[SessionRouter]:
+        """Nodes still running (killed or closed ones drop out)."""
         return self.cluster.alive
 
     def node(self, node_id: str) -> SessionRouter:
@@ -393,7 +395,7 @@ async def scene_interrupt(demo: Demo) -> None:
             f"{sid:<11} caller on {runner.node_id} got TurnFailedError(code={exc.code.value}) "
             f"{time.monotonic() - sent_at:.2f}s after the interrupt",
         )
-        if exc.code.value != "INTERRUPTED":
+        if exc.code is not FailureCode.INTERRUPTED:
             raise DemoError(f"expected INTERRUPTED, got {exc.code.value}") from exc
     else:
         raise DemoError("the interrupted turn succeeded")
@@ -479,6 +481,7 @@ async def scene_summary(demo: Demo) -> None:
                 sum(1 for r in ran if r.outcome == "ok"),
                 sum(1 for r in ran if r.outcome != "ok"),
                 demo.ledger.max_parallel[sid],
+                demo.ledger.opened[sid],
                 len(view.entries) if view is not None else 0,
                 ",".join(sorted({r.executed_by for r in ran if r.executed_by})),
             ]
@@ -492,13 +495,17 @@ async def scene_summary(demo: Demo) -> None:
             "turns run",
             "ok",
             "failed",
-            "max parallel",
+            "parallel",
+            "handles",
             "entries",
             "ran on",
         ],
         rows,
     )
-    sys.stdout.write("\n")
+    sys.stdout.write(
+        "  (turns run = agent executions; parallel = most turns of the session running at once;\n"
+        "   handles = live sessions opened; entries = committed transcript entries)\n\n"
+    )
     node_rows: list[list[object]] = []
     for router in demo.cluster.nodes:
         node_id = router.node_id

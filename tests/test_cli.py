@@ -1,0 +1,93 @@
+"""The `stickless` command line: the demo runs end to end and shows every scene."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from stickless import RouterConfig
+from stickless.cli import DEMO_CONFIG, main
+
+
+def _check_demo_output(out: str) -> None:
+    # Scene 1: a submit entered a node that did not hold the session and was forwarded.
+    assert re.search(r"submit\s+chat-\d\s+msg \d\s+via node-\w\s+-> FORWARDED", out), out
+    forwarded = re.findall(
+        r"result\s+(chat-\d)\s+msg \d\s+via (node-\w)\s+-> ran on (node-\w)", out
+    )
+    assert any(via != ran for _, via, ran in forwarded), out
+    # Scene 2: a subscriber on one node received text streamed by a turn on another node.
+    streamed = re.search(
+        r"stream\s+(node-\w) <- turn on (node-\w): you said .*\[turn_completed\]", out
+    )
+    assert streamed is not None, out
+    assert streamed.group(1) != streamed.group(2)
+    assert re.search(r"got [1-9]\d* text deltas from a turn that ran on node-\w", out), out
+    # Scene 3: an interrupt from a non-holder ended the turn for the caller and the subscriber.
+    sent = re.search(r"interrupt\(reason='USER'\) sent from (node-\w) \(holder is (node-\w)\)", out)
+    assert sent is not None, out
+    assert sent.group(1) != sent.group(2)
+    assert "TurnFailedError(code=INTERRUPTED)" in out
+    assert "saw Interrupted(reason='USER')" in out
+    assert "the interrupted turn committed 0 entries" in out
+    # Scene 4: the retry got the same turn from the cache and the agent did not run again.
+    cached = re.search(
+        r"same turn id: yes; result ready at submit: yes; agent executions (\d+) -> (\d+)", out
+    )
+    assert cached is not None, out
+    assert cached.group(1) == cached.group(2)
+    assert "IdempotencyConflictError (HTTP 409)" in out
+    # Scene 5: the summary tables.
+    assert "Scene 5/5: summary" in out
+    assert re.search(r"session\s+submits\s+forwarded\s+cached\s+turns run", out), out
+    assert re.search(r"node\s+received\s+executed locally\s+forwarded", out), out
+    assert "no session ever ran two turns at the same time" in out
+    assert "demo finished in" in out
+    assert "FAILED" not in out
+
+
+def test_demo_in_process(capsys: pytest.CaptureFixture[str]) -> None:
+    started = time.monotonic()
+    code = main(["demo"])
+    elapsed = time.monotonic() - started
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert elapsed < 30
+    _check_demo_output(out)
+
+
+def test_python_dash_m_demo() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "stickless", "demo"],
+        capture_output=True,
+        text=True,
+        timeout=45,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    _check_demo_output(done.stdout)
+
+
+def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "demo" in capsys.readouterr().out
+
+
+def test_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--help"]) == 0
+    assert "--nodes" in capsys.readouterr().out
+
+
+def test_bad_arguments_exit_two(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--nodes", "1"]) == 2
+    assert main(["nonsense"]) == 2
+    capsys.readouterr()
+
+
+def test_demo_config_is_valid() -> None:
+    config = RouterConfig(**DEMO_CONFIG)
+    assert config.lease_extend_interval < config.lease_ttl
