@@ -719,7 +719,7 @@ class SessionRouter:
                         ok=False,
                         executed_by=self._node_id,
                         code=FailureCode.EVICTED.value,
-                        message=f"session {reason.name.lower()}d before the message ran",
+                        message=f"session ended ({reason.value}) before the message ran",
                     ),
                 )
             return 0
