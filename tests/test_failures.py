@@ -328,3 +328,38 @@ async def test_failing_metrics_never_break_a_session(journal: Journal) -> None:
         assert (await (await b.submit(req("s1", "y"))).result).text == "echo:y"
     assert metrics.counts["on_submit"] == 2
     assert metrics.counts["on_lock_acquire"] >= 1
+
+
+async def test_one_renewal_round_trip_per_role_per_tick(journal: Journal) -> None:
+    async with make_cluster(journal, nodes=1, **QUICK) as cluster:
+        node = cluster.nodes[0]
+        # Given a node holding 40 sessions, one of them mid-turn (so it owns a reservation)
+        for i in range(40):
+            await (await node.submit(req(f"s{i}", "x"))).result
+        journal.gate("busy")
+        busy = await node.submit(req("s0", "busy"))
+        await journal.entered["busy"].wait()
+        leases = node.renewer._backends.leases
+        idempotency = node.renewer._backends.idempotency
+        renew_calls: list[int] = []
+        touch_calls: list[int] = []
+        renew_many, touch_many = leases.renew_many, idempotency.touch_many
+
+        async def counting_renew(batch, ttl):  # type: ignore[no-untyped-def]
+            renew_calls.append(len(batch))
+            return await renew_many(batch, ttl)
+
+        async def counting_touch(refs, ttl):  # type: ignore[no-untyped-def]
+            touch_calls.append(len(refs))
+            return await touch_many(refs, ttl)
+
+        leases.renew_many = counting_renew  # type: ignore[method-assign]
+        idempotency.touch_many = counting_touch  # type: ignore[method-assign]
+        ticks = node.renewer.ticks
+        await wait_until(lambda: node.renewer.ticks >= ticks + 3)
+        # Then every tick renewed all 40 leases in one call and touched the reservation in one
+        assert renew_calls and set(renew_calls) == {40}
+        assert touch_calls and set(touch_calls) == {1}
+        assert abs(len(renew_calls) - len(touch_calls)) <= 1
+        journal.gates["busy"].set()
+        await busy.result

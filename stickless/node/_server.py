@@ -1,0 +1,166 @@
+"""Loopback server exposing a NodeService to other processes (tests, benchmarks, tools).
+
+Requests are `{"id", "op", "args"}`; answers are `{"id", "ok": True, "value"}` or
+`{"id", "ok": False, "error"}`; the `events` op answers `{"id", "ready": True}` once subscribed,
+streams `{"id", "event"}` frames and ends with `{"id", "ok": True, "value": None}`.
+Requests on one connection run concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .._errors import InvalidRequestError
+from ..wire import WireError
+from ._protocol import encode_frame, read_frame
+from ._service import NodeService, error_to_wire
+
+log = logging.getLogger("stickless.node")
+
+
+class NodeServer:
+    """Serves one node's NodeService on 127.0.0.1."""
+
+    def __init__(self, service: NodeService, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.service = service
+        self._host = host
+        self._port = port
+        self._server: asyncio.base_events.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self.shutdown_requested = asyncio.Event()
+
+    async def start(self) -> int:
+        """Listen; returns the bound port."""
+        self._server = await asyncio.start_server(self._serve, self._host, self._port)
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    async def aclose(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        if self._connections:
+            await asyncio.wait(self._connections, timeout=2)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        lock = asyncio.Lock()
+        running: dict[int, asyncio.Task[None]] = {}
+
+        async def send(frame: dict[str, Any]) -> None:
+            async with lock:
+                writer.write(encode_frame(frame))
+                await writer.drain()
+
+        try:
+            while True:
+                try:
+                    frame = await read_frame(reader)
+                except WireError as exc:
+                    log.warning("dropping connection after a bad frame: %s", exc)
+                    return
+                if frame is None:
+                    return
+                request_id = frame.get("id")
+                if not isinstance(request_id, int):
+                    continue
+                if frame.get("op") == "cancel":
+                    target = running.get(int(frame.get("args", {}).get("target", -1)))
+                    if target is not None:
+                        target.cancel()
+                    continue
+                handler = self._dispatch(request_id, frame, send)
+                job = asyncio.ensure_future(handler)
+                running[request_id] = job
+                job.add_done_callback(_forget(running, request_id))
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            for job in list(running.values()):
+                job.cancel()
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            self._connections.discard(task)
+
+    async def _dispatch(
+        self,
+        request_id: int,
+        frame: dict[str, Any],
+        send: Callable[[dict[str, Any]], Awaitable[None]],
+    ) -> None:
+        op = frame.get("op")
+        args = frame.get("args") or {}
+        service = self.service
+        try:
+            if not isinstance(args, dict):
+                raise InvalidRequestError("args: must be a map")
+            if op == "events":
+                stream = service.router.events(
+                    str(args["session_id"]), args.get("turn_id"), args.get("after")
+                )
+                try:
+                    await stream.ready()
+                    await send({"id": request_id, "ready": True})
+                    async for event in stream:
+                        await send({"id": request_id, "event": event.model_dump(mode="json")})
+                finally:
+                    await stream.aclose()
+                value: Any = None
+            elif op == "submit":
+                value = await service.submit(args["request"])
+            elif op == "result":
+                value = await service.result(str(args["turn_id"]))
+            elif op == "run":
+                value = await service.run(args["request"])
+            elif op == "interrupt":
+                await service.interrupt(
+                    str(args["session_id"]), str(args.get("reason", "USER")), args.get("turn_id")
+                )
+                value = None
+            elif op == "release_session":
+                await service.release_session(str(args["session_id"]))
+                value = None
+            elif op == "delete_session":
+                await service.delete_session(str(args["session_id"]))
+                value = None
+            elif op == "status":
+                value = await service.status(str(args["session_id"]))
+            elif op == "ping":
+                value = {"node_id": service.router.node_id}
+            elif op == "shutdown":
+                self.shutdown_requested.set()
+                value = None
+            else:
+                raise InvalidRequestError(f"op: unknown operation {op!r}")
+        except asyncio.CancelledError:
+            return
+        except KeyError as exc:
+            await send(
+                {
+                    "id": request_id,
+                    "ok": False,
+                    "error": error_to_wire(InvalidRequestError(f"{exc.args[0]}: required")),
+                }
+            )
+            return
+        except Exception as exc:
+            await send({"id": request_id, "ok": False, "error": error_to_wire(exc)})
+            return
+        await send({"id": request_id, "ok": True, "value": value})
+
+
+def _forget(
+    running: dict[int, asyncio.Task[None]], request_id: int
+) -> Callable[[asyncio.Task[None]], None]:
+    def done(_: asyncio.Task[None]) -> None:
+        running.pop(request_id, None)
+
+    return done

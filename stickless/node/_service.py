@@ -1,0 +1,191 @@
+"""The application-facing facade of one node: primitives in, primitives out.
+
+Both the loopback node server (separate OS processes) and the Ray node router wrap a
+`NodeService`, so a submit from either returns a small ticket and the result is fetched by turn
+id later — from the same node, which keeps each turn's answer until it is collected or expires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from .._errors import (
+    BackendUnavailableError,
+    ConflictingAgentError,
+    FailureCode,
+    IdempotencyConflictError,
+    InvalidRequestError,
+    RouterClosedError,
+    SessionBusyError,
+    SticklessError,
+    TurnConflictingAgentError,
+    TurnFailedError,
+)
+from .._session import LiveSessionOpener
+from .._types import TurnResult
+from ..router import SessionRouter, SubmitDisposition
+
+_ERRORS: dict[str, type[SticklessError]] = {
+    cls.__name__: cls
+    for cls in (
+        SticklessError,
+        BackendUnavailableError,
+        ConflictingAgentError,
+        IdempotencyConflictError,
+        InvalidRequestError,
+        RouterClosedError,
+        SessionBusyError,
+    )
+}
+
+
+def error_to_wire(error: BaseException) -> dict[str, Any]:
+    """An error as primitives (type name, message, and the failure code for turn failures)."""
+    if isinstance(error, TurnFailedError):
+        return {
+            "type": "TurnFailedError",
+            "code": error.code.value,
+            "message": error.detail,
+            "session_id": error.session_id,
+            "turn_id": error.turn_id,
+        }
+    name = type(error).__name__ if isinstance(error, SticklessError) else "SticklessError"
+    message = (
+        error.message if isinstance(error, SticklessError) else f"{type(error).__name__}: {error}"
+    )
+    return {"type": name, "message": message}
+
+
+def error_from_wire(raw: Mapping[str, Any]) -> SticklessError:
+    """Rebuild an error sent by `error_to_wire` (unknown types become SticklessError)."""
+    message = str(raw.get("message", ""))
+    if raw.get("type") == "TurnFailedError":
+        return TurnFailedError.of(
+            FailureCode.parse(str(raw.get("code", ""))),
+            message,
+            session_id=str(raw.get("session_id", "")),
+            turn_id=str(raw.get("turn_id", "")),
+        )
+    cls = _ERRORS.get(str(raw.get("type")), SticklessError)
+    return cls(message)
+
+
+def load_opener(path: str) -> LiveSessionOpener:
+    """Import `package.module:attribute`: an opener, or a zero-argument factory of one.
+
+    Raises:
+        ValueError: the path is malformed or names something that is not an opener.
+    """
+    module_name, sep, attribute = path.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"opener must look like 'package.module:attribute', got {path!r}")
+    target: Any = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        target = getattr(target, part)
+    if not hasattr(target, "open") and callable(target):
+        target = target()
+    if not hasattr(target, "open"):
+        raise ValueError(f"{path!r} is neither a LiveSessionOpener nor a factory of one")
+    opener: LiveSessionOpener = target
+    return opener
+
+
+class NodeService:
+    """Ticket-based access to one router for callers in other processes."""
+
+    def __init__(self, router: SessionRouter) -> None:
+        self.router = router
+        self._results: dict[str, asyncio.Future[TurnResult]] = {}
+        self._expiry: dict[str, asyncio.TimerHandle] = {}
+
+    async def submit(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Submit; returns a ticket {kind, turn_id, node_id, session_id}."""
+        disposition = await self.router.submit(request)
+        self._keep(disposition)
+        return {
+            "kind": disposition.kind.value,
+            "turn_id": disposition.turn_id,
+            "node_id": disposition.node_id,
+            "session_id": disposition.session_id,
+        }
+
+    def _keep(self, disposition: SubmitDisposition) -> None:
+        turn_id = disposition.turn_id
+        existing = self._results.get(turn_id)
+        if existing is not None and not existing.done():
+            return  # an attach to a turn this node already follows
+        self._results[turn_id] = disposition.result
+        handle = self._expiry.pop(turn_id, None)
+        if handle is not None:
+            handle.cancel()
+        # Unclaimed answers are dropped after the forward TTL (plus the time to run).
+        keep_for = 2 * self.router.config.forward_ttl
+        self._expiry[turn_id] = asyncio.get_running_loop().call_later(
+            keep_for, self._forget, turn_id
+        )
+
+    def _forget(self, turn_id: str) -> None:
+        self._results.pop(turn_id, None)
+        self._expiry.pop(turn_id, None)
+
+    async def result(self, turn_id: str) -> dict[str, Any]:
+        """Await a turn submitted through this node.
+
+        Raises:
+            TurnFailedError: the turn did not succeed.
+            InvalidRequestError: this node has no such turn (never submitted here, or expired).
+        """
+        future = self._results.get(turn_id)
+        if future is None:
+            raise InvalidRequestError(f"turn_id: no turn {turn_id!r} was submitted on this node")
+        result = await asyncio.shield(future)
+        return result.model_dump(mode="python")
+
+    async def run(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Submit and await the result."""
+        ticket = await self.submit(request)
+        return await self.result(str(ticket["turn_id"]))
+
+    async def events(
+        self, session_id: str, turn_id: str | None = None, after: str | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The session's frames as primitives (see SessionRouter.events)."""
+        stream = self.router.events(session_id, turn_id=turn_id, after=after)
+        try:
+            await stream.ready()
+            async for event in stream:
+                yield event.model_dump(mode="json")
+        finally:
+            await stream.aclose()
+
+    async def interrupt(
+        self, session_id: str, reason: str = "USER", turn_id: str | None = None
+    ) -> None:
+        await self.router.interrupt(session_id, reason=reason, turn_id=turn_id)
+
+    async def release_session(self, session_id: str) -> None:
+        await self.router.release_session(session_id)
+
+    async def delete_session(self, session_id: str) -> None:
+        await self.router.delete_session(session_id)
+
+    async def status(self, session_id: str) -> dict[str, Any]:
+        return (await self.router.status(session_id)).model_dump(mode="json")
+
+    async def aclose(self, grace: float = 5.0) -> None:
+        for handle in self._expiry.values():
+            handle.cancel()
+        self._expiry.clear()
+        await self.router.aclose(grace=grace)
+
+
+__all__ = [
+    "NodeService",
+    "TurnConflictingAgentError",
+    "error_from_wire",
+    "error_to_wire",
+    "load_opener",
+]

@@ -1,0 +1,113 @@
+"""The loopback node protocol: a node's service over TCP, errors and streams included."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from stickless import (
+    FailureCode,
+    IdempotencyConflictError,
+    InvalidRequestError,
+    RouterClosedError,
+    TurnFailedError,
+)
+from stickless.node import NodeClient, NodeServer, NodeService, load_opener
+from stickless.testing import LocalCluster
+
+from .agents import Journal
+
+
+@pytest.fixture
+async def served(cluster: LocalCluster) -> AsyncIterator[tuple[NodeClient, NodeClient]]:
+    """Clients of nodes A and B of the cluster, each through its own loopback server."""
+    servers = [NodeServer(NodeService(node)) for node in cluster.nodes[:2]]
+    ports = [await s.start() for s in servers]
+    clients = [await NodeClient.connect(p) for p in ports]
+    yield clients[0], clients[1]
+    for client in clients:
+        await client.aclose()
+    for server in servers:
+        await server.aclose()
+
+
+def request(text: str, **kw: object) -> dict[str, object]:
+    return {"session_id": "s1", "agent_ref": "bot", "input": text, **kw}
+
+
+async def test_submit_ticket_then_result(
+    served: tuple[NodeClient, NodeClient], cluster: LocalCluster
+) -> None:
+    a, b = served
+    first = await a.run(request("hello"))
+    # A forwarded submit returns a small ticket; its result is fetched by turn id
+    ticket = await b.submit(request("again"))
+    result = await b.result(ticket["turn_id"])
+    assert ticket["kind"] == "FORWARDED"
+    assert ticket["node_id"] == cluster.nodes[1].node_id
+    assert result.text == "echo:again"
+    assert result.executed_by == first.executed_by == cluster.nodes[0].node_id
+
+
+async def test_errors_cross_the_connection_with_their_type_and_code(
+    served: tuple[NodeClient, NodeClient], journal: Journal
+) -> None:
+    a, b = served
+    with pytest.raises(InvalidRequestError, match="session_id"):
+        await a.submit({"session_id": "", "agent_ref": "bot", "input": "x"})
+    await a.run(request("x", idempotency_key="k"))
+    with pytest.raises(IdempotencyConflictError):
+        await b.submit(request("y", idempotency_key="k"))
+    with pytest.raises(InvalidRequestError, match="turn_id"):
+        await a.result("never-submitted")
+    # A failed turn raises TurnFailedError with its code on the remote side too
+    journal.gate("long")
+    ticket = await a.submit(request("long"))
+    await journal.entered["long"].wait()
+    await b.interrupt("s1", reason="USER", turn_id=ticket["turn_id"])
+    with pytest.raises(TurnFailedError) as failure:
+        await a.result(ticket["turn_id"])
+    assert failure.value.code is FailureCode.INTERRUPTED
+
+
+async def test_event_stream_over_the_connection(served: tuple[NodeClient, NodeClient]) -> None:
+    a, b = served
+    stream = await b.events("s1")
+    await stream.ready()
+    ticket = await a.submit(request("one two"))
+    seen = []
+    async for event in stream:
+        seen.append(event)
+        if event.type == "turn_completed":
+            break
+    await stream.aclose()
+    assert [e.type for e in seen] == ["turn_started", "text_delta", "text_delta", "turn_completed"]
+    assert {e.turn_id for e in seen} == {ticket["turn_id"]}
+    status = await b.status("s1")
+    assert status["holder"] is not None
+
+
+async def test_lost_connection_fails_pending_calls(
+    served: tuple[NodeClient, NodeClient], journal: Journal
+) -> None:
+    a, _ = served
+    journal.gate("stuck")
+    ticket = await a.submit(request("stuck"))
+    pending = asyncio.ensure_future(a.result(ticket["turn_id"]))
+    await journal.entered["stuck"].wait()
+    await a.aclose()
+    with pytest.raises(RouterClosedError):
+        await pending
+
+
+def test_load_opener_accepts_an_opener_or_a_factory() -> None:
+    with pytest.raises(ValueError, match="package.module:attribute"):
+        load_opener("no-colon")
+    made = load_opener("tests.node_openers:make_opener")
+    assert hasattr(made, "open")
+    direct = load_opener("tests.node_openers:OPENER")
+    assert hasattr(direct, "open")
+    with pytest.raises(ValueError, match="neither"):
+        load_opener("tests.node_openers:NOT_AN_OPENER")
