@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import logging
 import sys
 import time
@@ -153,14 +154,19 @@ class ScriptedAgent:
         self._turns += 1
         try:
             text = turn.input.as_text()
+            data: dict[str, int] = {}
             if turn.submit_options.get("story"):
                 reply = _LONG_STORY
+            elif turn.submit_options.get("recall"):
+                history = len(await turn.transcript.load())
+                data["history"] = history
+                reply = f"you said {text!r}; I can see {history} committed entries before this"
             else:
                 reply = f"you said {text!r}; this handle has now run {self._turns} turn(s)"
             sent: list[str] = []
             for word in reply.split():
                 if turn.interrupted.is_set():
-                    return TurnOutput(text=" ".join(sent), data={"words": len(sent)})
+                    return TurnOutput(text=" ".join(sent), data={**data, "words": len(sent)})
                 turn.emit(TextDelta(text=word + " "))
                 sent.append(word)
                 await asyncio.sleep(self._delay)
@@ -168,7 +174,7 @@ class ScriptedAgent:
                 TranscriptEntry(role="user", content=text),
                 TranscriptEntry(role="assistant", content=reply),
             )
-            return TurnOutput(text=reply, data={"words": len(sent)})
+            return TurnOutput(text=reply, data={**data, "words": len(sent)})
         finally:
             ledger.running[self._session_id] -= 1
 
@@ -462,6 +468,120 @@ async def scene_idempotent_retry(demo: Demo) -> None:
         raise DemoError("reusing the key with another input was accepted")
 
 
+async def scene_holder_lost(demo: Demo) -> None:
+    """Scene: the holder crashes mid-turn; the forwarded caller and a remote subscriber are told
+    HOLDER_LOST, and the next turn runs on a survivor over the committed transcript."""
+    sid = "chat-crash"
+    disp, record = await demo.submit(demo.nodes[0], sid, "remember this", "warm-up")
+    await demo.outcome(disp, record)
+    if record.outcome != "ok" or record.executed_by is None:
+        raise DemoError(f"the warm-up turn failed: {record.outcome}")
+    holder = demo.node(record.executed_by)
+    caller, watcher, *_ = demo.others(holder.node_id)
+    status = await caller.status(sid)
+    demo.console.line(
+        "holder",
+        f"{sid:<11} held by {holder.node_id} (status seen from {caller.node_id}: "
+        f"holder={status.holder}, lease token {status.token})",
+    )
+    stream = watcher.events(sid)
+    await stream.ready()
+    demo.console.line("subscribe", f"{sid:<11} subscriber opened on {watcher.node_id}")
+    disp, record = await demo.submit(
+        caller, sid, "tell me a long story", "story", submit_options={"story": True}
+    )
+    if disp.kind is not SubmitKind.FORWARDED:
+        raise DemoError(f"the submit via {caller.node_id} was {disp.kind.value}, not forwarded")
+    record.executed_by = holder.node_id
+    seen_words = asyncio.Event()
+    words: list[str] = []
+    frames: list[Event] = []
+    killed_at = 0.0
+
+    async def watch() -> None:
+        async with stream:
+            async for event in stream:
+                if event.turn_id != disp.turn_id:
+                    continue
+                frames.append(event)
+                if isinstance(event, TextDelta):
+                    words.append(event.text.strip())
+                    if len(words) == 6:
+                        seen_words.set()
+                if isinstance(event, Interrupted):
+                    demo.console.line(
+                        "event",
+                        f"subscriber on {watcher.node_id} saw Interrupted(reason="
+                        f"{event.reason!r}) {time.monotonic() - killed_at:.2f}s after the kill",
+                    )
+                if is_terminal(event):
+                    return
+
+    watching = asyncio.create_task(watch())
+    try:
+        await asyncio.wait_for(seen_words.wait(), 10)
+        demo.console.line(
+            "stream", f"{watcher.node_id} has seen {len(words)} words: {' '.join(words)!r} ..."
+        )
+        demo.console.line(
+            "kill",
+            f"{holder.node_id} crashes mid-turn (no release, no announcement); "
+            f"caller waits on {caller.node_id}",
+        )
+        killed_at = time.monotonic()
+        await demo.cluster.kill(holder)
+        try:
+            await asyncio.wait_for(disp.result, 15)
+        except TurnFailedError as exc:
+            record.outcome = exc.code.value
+            demo.console.line(
+                "failed",
+                f"{sid:<11} caller on {caller.node_id} got TurnFailedError(code="
+                f"{exc.code.value}) {time.monotonic() - killed_at:.2f}s after the kill",
+            )
+            if exc.code is not FailureCode.HOLDER_LOST:
+                raise DemoError(f"expected HOLDER_LOST, got {exc.code.value}") from exc
+        except TimeoutError as exc:
+            raise DemoError("the caller got no answer after the holder was killed") from exc
+        else:
+            raise DemoError("the turn on the killed holder succeeded")
+        await asyncio.wait_for(watching, 10)
+    except TimeoutError as exc:
+        raise DemoError("the subscriber never saw the turn end") from exc
+    finally:
+        if not watching.done():
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
+    last = frames[-1] if frames else None
+    if not isinstance(last, Interrupted) or last.reason != FailureCode.HOLDER_LOST.value:
+        raise DemoError(f"the subscriber's last frame was {last!r}, not Interrupted(HOLDER_LOST)")
+    view = await demo.cluster.backends.records.load(sid)
+    committed = len(view.entries) if view is not None else 0
+    demo.console.line(
+        "check", f"{sid:<11} {committed} committed entries in the record store after the crash"
+    )
+    survivors = {n.node_id for n in demo.nodes}
+    disp, record = await demo.submit(
+        watcher, sid, "are you still there?", "next", submit_options={"recall": True}
+    )
+    result = await demo.outcome(disp, record)
+    if result is None:
+        raise DemoError(f"the turn after the crash failed: {record.outcome}")
+    if result.executed_by not in survivors or result.executed_by == holder.node_id:
+        raise DemoError(f"the turn after the crash ran on {result.executed_by}, not a survivor")
+    history = result.data.get("history")
+    if history != committed:
+        raise DemoError(f"the new holder saw {history} entries, not the {committed} committed")
+    view = await demo.cluster.backends.records.load(sid)
+    after = len(view.entries) if view is not None else 0
+    demo.console.line(
+        "check",
+        f"{sid:<11} next turn served by survivor {result.executed_by}; it saw {history} "
+        f"committed entries of earlier turns; {after} committed now",
+    )
+
+
 async def scene_summary(demo: Demo) -> None:
     """Scene: per-session and per-node tables of what happened."""
     records = demo.records
@@ -512,6 +632,7 @@ async def scene_summary(demo: Demo) -> None:
         node_rows.append(
             [
                 node_id,
+                "killed" if demo.cluster.is_killed(router) else "alive",
                 sum(1 for r in records if r.via == node_id),
                 sum(
                     1
@@ -524,7 +645,15 @@ async def scene_summary(demo: Demo) -> None:
             ]
         )
     demo.console.table(
-        ["node", "received", "executed locally", "forwarded", "cache hits", "turns run here"],
+        [
+            "node",
+            "state",
+            "received",
+            "executed locally",
+            "forwarded",
+            "cache hits",
+            "turns run here",
+        ],
         node_rows,
     )
     if any(demo.ledger.max_parallel[sid] > 1 for sid in sessions):
@@ -532,13 +661,14 @@ async def scene_summary(demo: Demo) -> None:
     demo.console.line("check", "no session ever ran two turns at the same time")
 
 
-#: The demo's story, scene by scene; append new scenes (e.g. killing a holder mid-turn) here.
-#: The summary always runs last.
+#: The demo's story, scene by scene; the summary always runs last. The holder-lost scene kills a
+#: node, so it stays last here: later scenes would have one node fewer.
 SCENES: list[tuple[str, Scene]] = [
     ("concurrent submits through different nodes", scene_concurrent_submits),
     ("streaming to a subscriber on another node", scene_remote_stream),
     ("interrupt from a node that does not hold the session", scene_interrupt),
     ("idempotent retry answered from the cache", scene_idempotent_retry),
+    ("the holder is killed mid-turn", scene_holder_lost),
 ]
 
 
@@ -595,8 +725,8 @@ def _add_demo(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser = subcommands.add_parser(
         "demo",
         help="run the scripted multi-node demo on an in-process cluster",
-        description="Show forwarding, cross-node streaming, interrupts and idempotent retries "
-        "on a simulated cluster of nodes sharing in-memory backends.",
+        description="Show forwarding, cross-node streaming, interrupts, idempotent retries and "
+        "a holder crashing mid-turn on a simulated cluster of nodes sharing in-memory backends.",
     )
     parser.add_argument(
         "--nodes",

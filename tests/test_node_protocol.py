@@ -103,7 +103,7 @@ async def test_lost_connection_fails_pending_calls(
 
 
 def test_load_opener_accepts_an_opener_or_a_factory() -> None:
-    with pytest.raises(ValueError, match="package.module:attribute"):
+    with pytest.raises(ValueError, match=r"package\.module:attribute"):
         load_opener("no-colon")
     made = load_opener("tests.node_openers:make_opener")
     assert hasattr(made, "open")
