@@ -8,6 +8,11 @@ cd "$(dirname "$0")/.."
 job="${1:-test}"
 shift || true
 
+# The Redis tests start their own redis-server; install it when missing (CI runs as root).
+if ! command -v redis-server >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  apt-get update && apt-get install -y redis-server
+fi
+
 python_bin="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   "$python_bin" -m venv .venv

@@ -52,6 +52,17 @@ from .router import (
     SubmitKind,
 )
 
+
+
+def __getattr__(name: str) -> object:
+    # Optional extras load lazily so `import stickless` never needs redis or ray installed.
+    if name == "RedisBackends":
+        from .backends.redis import RedisBackends
+
+        return RedisBackends
+    raise AttributeError(f"module 'stickless' has no attribute {name!r}")
+
+
 __all__ = [
     "NOOP_METRICS",
     "BackendUnavailableError",
@@ -75,6 +86,7 @@ __all__ = [
     "Principal",
     "Priority",
     "ReasoningDelta",
+    "RedisBackends",
     "Rejected",
     "RouterClosedError",
     "RouterConfig",

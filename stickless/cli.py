@@ -753,6 +753,40 @@ def _add_demo(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.set_defaults(handler=_cmd_demo)
 
 
+def _cmd_node(args: argparse.Namespace) -> int:
+    """Run one router as this process, over Redis, until SIGTERM."""
+    from .node._main import main_node
+
+    return main_node(args)
+
+
+def _add_node(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subcommands.add_parser(
+        "node",
+        help="run one node (a router over Redis) as this process, served on loopback",
+        description="Run a SessionRouter over Redis in DISTRIBUTED mode and serve it on "
+        "127.0.0.1 for clients (stickless.node.NodeClient). Prints 'READY <port>' when up; "
+        "SIGTERM closes it gracefully.",
+    )
+    parser.add_argument("--redis", required=True, metavar="URL", help="redis:// or rediss:// URL")
+    parser.add_argument("--node-id", required=True, help="this node's unique id")
+    parser.add_argument(
+        "--opener",
+        required=True,
+        metavar="MODULE:ATTR",
+        help="import path of a LiveSessionOpener, or of a zero-argument factory of one",
+    )
+    parser.add_argument("--namespace", default="stickless", help="Redis key prefix")
+    parser.add_argument("--port", type=int, default=0, help="loopback port (0 = any free port)")
+    parser.add_argument(
+        "--grace", type=float, default=5.0, help="graceful-shutdown grace in seconds"
+    )
+    parser.add_argument(
+        "--config", default=None, metavar="JSON", help="RouterConfig overrides as a JSON object"
+    )
+    parser.set_defaults(handler=_cmd_node)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one sub-parser per command."""
     parser = argparse.ArgumentParser(
@@ -768,6 +802,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_demo(subcommands)
+    _add_node(subcommands)
     return parser
 
 

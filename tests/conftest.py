@@ -10,6 +10,7 @@ import pytest
 from stickless.testing import LocalCluster
 
 from .agents import Journal, ScriptedOpener
+from .redis_fixture import redis_server, redis_url  # noqa: F401  (fixtures, registered here)
 
 #: Short timings so failure paths resolve in well under a second or two.
 FAST = dict(

@@ -1,4 +1,4 @@
-"""Storage roles (one Protocol each) and their implementations: `memory` (and later `redis`)."""
+"""Storage roles (one Protocol each) and their implementations: `memory` and `redis`."""
 
 from .base import (
     Backends,

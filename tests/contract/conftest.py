@@ -18,7 +18,7 @@ from stickless.backends.memory import MemoryBackends, MemoryInbox, MemorySignalB
 
 T = TypeVar("T")
 
-BACKENDS = ["memory"]
+BACKENDS = ["memory", "redis"]
 
 #: Event-log bound the contract bundles are built with (small, so trimming is testable).
 EVENT_LOG_MAX_LEN = 50
@@ -27,17 +27,24 @@ PlantRaw = Callable[[str, Priority, bytes], Awaitable[str]]
 PublishRaw = Callable[[bytes, str | None], Awaitable[None]]
 
 
-def _build(name: str) -> Backends:
-    """Build only the selected backend."""
+def _build(name: str, request: pytest.FixtureRequest) -> Backends:
+    """Build only the selected backend (so a missing redis-server affects only redis cases)."""
     if name == "memory":
         return MemoryBackends(max_len=EVENT_LOG_MAX_LEN)
+    if name == "redis":
+        from stickless.backends.redis import RedisBackends
+
+        url = request.getfixturevalue("redis_url")
+        return RedisBackends.from_url(
+            url, namespace="contract", event_log_max_len=EVENT_LOG_MAX_LEN
+        )
     raise LookupError(f"no contract builder for backend {name!r}")
 
 
 @pytest.fixture(params=BACKENDS)
 async def backends(request: pytest.FixtureRequest) -> AsyncIterator[Backends]:
     """A fresh, empty bundle of the selected backend, closed after the test."""
-    bundle = _build(request.param)
+    bundle = _build(request.param, request)
     yield bundle
     await bundle.aclose()
 
@@ -54,6 +61,11 @@ def plant_raw(backends: Backends) -> PlantRaw:
     inbox = backends.inbox
     if isinstance(inbox, MemoryInbox):
         return inbox.deliver_raw
+    if type(inbox).__name__ == "RedisInbox":
+        from stickless.backends.redis import RedisInbox
+
+        assert isinstance(inbox, RedisInbox)
+        return inbox.deliver_raw
     raise LookupError(f"no raw inbox writer for {type(inbox).__name__}")
 
 
@@ -62,6 +74,11 @@ def publish_raw(backends: Backends) -> PublishRaw:
     """Send arbitrary bytes on the control channel (session None) or a session's event channel."""
     bus = backends.signals
     if isinstance(bus, MemorySignalBus):
+        return bus.publish_raw
+    if type(bus).__name__ == "RedisSignalBus":
+        from stickless.backends.redis import RedisSignalBus
+
+        assert isinstance(bus, RedisSignalBus)
         return bus.publish_raw
     raise LookupError(f"no raw signal publisher for {type(bus).__name__}")
 

@@ -1,0 +1,31 @@
+"""Redis backends: every storage role on Redis (`pip install 'stickless[redis]'`)."""
+
+from importlib.util import find_spec
+
+if find_spec("redis") is None:
+    raise ImportError(
+        "stickless.backends.redis needs redis-py: pip install 'stickless[redis]'", name="redis"
+    )
+
+from ._bundle import RedisBackends
+from ._keys import Keys
+from ._signals import RedisSignalBus, RedisSubscription
+from ._stores import (
+    RedisEventLog,
+    RedisIdempotencyStore,
+    RedisInbox,
+    RedisLeaseStore,
+    RedisRecordStore,
+)
+
+__all__ = [
+    "Keys",
+    "RedisBackends",
+    "RedisEventLog",
+    "RedisIdempotencyStore",
+    "RedisInbox",
+    "RedisLeaseStore",
+    "RedisRecordStore",
+    "RedisSignalBus",
+    "RedisSubscription",
+]

@@ -1,0 +1,93 @@
+"""Every Redis key, channel and index member of one namespace, formatted in one place.
+
+All keys of one session share the hash tag `{<ns>:s:<session_id>}`, so every multi-key script
+touches a single slot (Redis Cluster ready). The two cluster-wide indexes live outside any
+session's slot and are only written by single-key commands.
+"""
+
+from __future__ import annotations
+
+from ..._types import Priority
+
+#: Inbox tiers in stream order: scripts receive one stream key per tier, NOW first.
+TIERS: tuple[Priority, ...] = tuple(sorted(Priority))
+
+
+def _check_name(what: str, value: str) -> str:
+    """Refuse names that would break the hash tag (braces) or are empty."""
+    if not value or "{" in value or "}" in value:
+        raise ValueError(f"{what} must be non-empty and contain no braces: {value!r}")
+    return value
+
+
+class Keys:
+    """Key formats of one namespace (the Redis key prefix)."""
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = _check_name("namespace", namespace)
+        #: Sorted set of IN_FLIGHT reservations scored by (a lower bound of) their stale deadline.
+        self.stale_index = f"{namespace}:idx:stale"
+        #: Sorted set of sessions with queued messages scored by (a lower bound of) the oldest
+        #: arrival time.
+        self.pending_index = f"{namespace}:idx:pending"
+        #: Pub/sub channel shared by every node for all signal kinds but EVENT.
+        self.control_channel = f"{namespace}:control"
+
+    def tag(self, session_id: str) -> str:
+        """The hash tag every key of the session starts with."""
+        return f"{{{self.namespace}:s:{_check_name('session id', session_id)}}}"
+
+    def lease(self, session_id: str) -> str:
+        """Hash {holder, token, exp} of the session's lease."""
+        return f"{self.tag(session_id)}:lease"
+
+    def token_counter(self, session_id: str) -> str:
+        """Fencing-token counter; never deleted so tokens outlive release and record delete."""
+        return f"{self.tag(session_id)}:tokens"
+
+    def record(self, session_id: str) -> str:
+        """Hash {agent, fence} of the session record."""
+        return f"{self.tag(session_id)}:record"
+
+    def transcript(self, session_id: str) -> str:
+        """List of packed committed transcript entries."""
+        return f"{self.tag(session_id)}:transcript"
+
+    def inbox(self, session_id: str) -> list[str]:
+        """One stream per priority tier, in `TIERS` order."""
+        tag = self.tag(session_id)
+        return [f"{tag}:inbox:{int(priority)}" for priority in TIERS]
+
+    def reservation(self, session_id: str, key: str) -> str:
+        """Hash of one idempotency reservation (the key may hold any characters)."""
+        return f"{self.tag(session_id)}:idem:{key}"
+
+    def event_log(self, session_id: str) -> str:
+        """Stream of the session's event frames."""
+        return f"{self.tag(session_id)}:events"
+
+    def event_channel(self, session_id: str) -> str:
+        """Pub/sub channel of the session's EVENT signals (plain PUBLISH, slot-agnostic)."""
+        return f"{self.namespace}:ev:{session_id}"
+
+
+def reservation_member(session_id: str, key: str, turn_id: str) -> str:
+    """Stale-index member of one reservation instance; the turn id makes a retry a new member."""
+    return f"{len(session_id)}:{session_id}{len(key)}:{key}{turn_id}"
+
+
+def parse_reservation_member(member: str) -> tuple[str, str, str]:
+    """(session id, key, turn id) of a stale-index member.
+
+    Raises:
+        ValueError: the member is not of the `reservation_member` form.
+    """
+    fields: list[str] = []
+    rest = member
+    for _ in range(2):
+        size, sep, rest = rest.partition(":")
+        if not sep or not size.isdigit() or int(size) > len(rest):
+            raise ValueError(f"malformed index member {member!r}")
+        fields.append(rest[: int(size)])
+        rest = rest[int(size) :]
+    return fields[0], fields[1], rest

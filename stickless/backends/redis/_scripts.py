@@ -1,0 +1,107 @@
+"""The backend's Lua scripts: read once from package data, registered per client, and run
+singly (redis-py reloads a script the server forgot) or many per pipeline (one round trip)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib.resources import files
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
+
+_LUA = files(__package__).joinpath("lua")
+
+
+@cache
+def source(name: str) -> str:
+    """The text of `lua/<name>.lua` with the shared prelude in front."""
+    prelude = _LUA.joinpath("_prelude.lua").read_text(encoding="utf-8")
+    return prelude + "\n" + _LUA.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+
+
+class Scripts:
+    """Every script registered on one client (each keeps its SHA and reloads on NOSCRIPT)."""
+
+    def __init__(self, client: Redis) -> None:
+        def load(name: str) -> AsyncScript:
+            return client.register_script(source(name))
+
+        self.lease_acquire = load("lease_acquire")
+        self.lease_renew = load("lease_renew")
+        self.lease_release = load("lease_release")
+        self.lease_current = load("lease_current")
+        self.record_provision = load("record_provision")
+        self.record_commit = load("record_commit")
+        self.inbox_deliver = load("inbox_deliver")
+        self.inbox_take = load("inbox_take")
+        self.inbox_oldest = load("inbox_oldest")
+        self.index_due = load("index_due")
+        self.index_rescore = load("index_rescore")
+        self.index_drop = load("index_drop")
+        self.idem_put = load("idem_put")
+        self.idem_touch = load("idem_touch")
+        self.idem_acquire = load("idem_acquire")
+        self.idem_release = load("idem_release")
+        self.idem_mark_done = load("idem_mark_done")
+        self.idem_reset = load("idem_reset")
+        self.idem_discard = load("idem_discard")
+        self.idem_find = load("idem_find")
+        self.events_read = load("events_read")
+
+
+Arg = str | bytes | int | float
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One command of a batch: a script with keys and args, or (script None) a plain command."""
+
+    script: AsyncScript | None
+    keys: Sequence[str]
+    args: Sequence[Arg] = ()
+
+
+def _queue(pipe: Pipeline, call: Call) -> None:
+    """Buffer one call on the pipeline (EVALSHA without redis-py's per-execute script check)."""
+    if call.script is None:
+        pipe.execute_command(*call.keys, *call.args)
+    else:
+        pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+
+
+async def _send(client: Redis, calls: Sequence[Call]) -> list[Any]:
+    """One pipeline of `calls`; error replies come back as exception values."""
+    pipe = client.pipeline(transaction=False)
+    for call in calls:
+        _queue(pipe, call)
+    return await pipe.execute(raise_on_error=False)
+
+
+async def run_batch(client: Redis, calls: Sequence[Call]) -> list[Any]:
+    """Run every call in one pipelined round trip; replies in order.
+
+    Calls refused with NOSCRIPT (a restarted or flushed server) had no effect, so their scripts
+    are loaded and only those calls are sent again.
+
+    Raises:
+        redis.exceptions.RedisError: the first error reply, or a connection failure.
+    """
+    if not calls:
+        return []
+    replies = await _send(client, calls)
+    missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+    if missing:
+        scripts = {id(s): s for i in missing if (s := calls[i].script) is not None}
+        for script in scripts.values():
+            script.sha = await client.script_load(script.script)
+        for i, reply in zip(missing, await _send(client, [calls[i] for i in missing]), strict=True):
+            replies[i] = reply
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies

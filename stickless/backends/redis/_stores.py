@@ -1,0 +1,547 @@
+"""Redis leases, records, inbox, reservations and event log; time decisions run in Lua."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from redis.asyncio import Redis
+
+from ..._events import Event
+from ..._types import CommittedEntry, Priority, TranscriptEntry
+from ...wire import (
+    Envelope,
+    Outcome,
+    WireError,
+    decode_event,
+    encode_event,
+    pack,
+    salvage_addresses,
+    unpack,
+)
+from ..base import (
+    CollectedBatch,
+    FencedOut,
+    HeldElsewhere,
+    HolderTakeover,
+    InboundMessage,
+    Lease,
+    RecordView,
+    Reservation,
+    ReservationRef,
+    ReservationState,
+    UnreadableEntry,
+    event_id_key,
+    sort_messages,
+)
+from ._keys import TIERS, Keys, parse_reservation_member, reservation_member
+from ._scripts import Call, Scripts, run_batch
+
+logger = logging.getLogger(__name__)
+
+#: Candidates one index scan round verifies, and the rounds one scan may take.
+_SCAN_BATCH = 256
+_SCAN_ROUNDS = 8
+
+
+def _text(value: Any) -> str:
+    """A reply value as text (replies are bytes: the client does not decode)."""
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _num(value: float) -> str:
+    """A number as a script argument Lua's tonumber reads back exactly."""
+    return repr(float(value))
+
+
+class _Role:
+    """What every store shares: the client, its scripts and the namespace's keys."""
+
+    def __init__(self, client: Redis, scripts: Scripts, keys: Keys) -> None:
+        self._client = client
+        self._scripts = scripts
+        self._keys = keys
+
+
+# --------------------------------------------------------------------------- leases
+
+
+def _lease(session_id: str, reply: Sequence[Any]) -> Lease:
+    """A lease from a {holder, token, expiry} reply."""
+    return Lease(session_id, _text(reply[0]), int(reply[1]), float(reply[2]))
+
+
+class RedisLeaseStore(_Role):
+    """Lease hashes with a per-session INCR counter as the fencing token."""
+
+    async def acquire(self, session_id: str, holder: str, ttl: float) -> Lease | HeldElsewhere:
+        """Take a free or expired lease (new token); refresh the holder's own (same token)."""
+        keys = self._keys
+        reply = await self._scripts.lease_acquire(
+            keys=[keys.lease(session_id), keys.token_counter(session_id)],
+            args=[holder, _num(ttl)],
+        )
+        lease = _lease(session_id, reply[1:])
+        if int(reply[0]):
+            return lease
+        return HeldElsewhere(session_id, lease.holder, lease.token, lease.expires_at)
+
+    async def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
+        """Extend each lease still held under its token, in one round trip; None for lost ones."""
+        replies = await run_batch(
+            self._client,
+            [
+                Call(
+                    self._scripts.lease_renew,
+                    [self._keys.lease(lease.session_id)],
+                    [lease.holder, str(lease.token), _num(ttl)],
+                )
+                for lease in leases
+            ],
+        )
+        return [
+            None
+            if reply is None
+            else Lease(lease.session_id, lease.holder, lease.token, float(reply))
+            for lease, reply in zip(leases, replies, strict=True)
+        ]
+
+    async def release(self, lease: Lease) -> bool:
+        """Drop the lease if still held under this holder and token."""
+        reply = await self._scripts.lease_release(
+            keys=[self._keys.lease(lease.session_id)], args=[lease.holder, str(lease.token)]
+        )
+        return bool(reply)
+
+    async def current(self, session_id: str) -> Lease | None:
+        """The unexpired lease, if any."""
+        reply = await self._scripts.lease_current(keys=[self._keys.lease(session_id)])
+        return None if reply is None else _lease(session_id, reply)
+
+
+# --------------------------------------------------------------------------- records
+
+
+class RedisRecordStore(_Role):
+    """Record hash {agent, fence} plus a list of packed committed entries."""
+
+    async def load(self, session_id: str) -> RecordView | None:
+        """The record with its entries decoded (one consistent MULTI snapshot), or None."""
+        pipe = self._client.pipeline(transaction=True)
+        pipe.hmget(self._keys.record(session_id), ["agent", "fence"])
+        pipe.lrange(self._keys.transcript(session_id), 0, -1)
+        (agent, fence), packed = await pipe.execute()
+        if agent is None:
+            return None
+        entries = tuple(CommittedEntry.model_validate(unpack(data)) for data in packed)
+        return RecordView(session_id, _text(agent), int(fence), entries)
+
+    async def provision(self, session_id: str, agent_ref: str, token: int) -> str:
+        """Create the record if missing, raise its fence to `token`, return the bound agent."""
+        reply = await self._scripts.record_provision(
+            keys=[self._keys.record(session_id)], args=[agent_ref, str(token)]
+        )
+        if not int(reply[0]):
+            raise FencedOut(f"token {token} is older than fence {_text(reply[1])} of {session_id}")
+        return _text(reply[1])
+
+    async def commit(
+        self, session_id: str, token: int, turn_id: str, entries: Sequence[TranscriptEntry]
+    ) -> None:
+        """Append one turn's entries tagged with turn and token, unless fenced out."""
+        packed = [
+            pack(
+                CommittedEntry.model_validate(
+                    {**entry.model_dump(mode="python"), "turn_id": turn_id, "token": token}
+                ).model_dump(mode="python")
+            )
+            for entry in entries
+        ]
+        keys = self._keys
+        reply = await self._scripts.record_commit(
+            keys=[keys.record(session_id), keys.transcript(session_id)], args=[str(token), *packed]
+        )
+        if not int(reply[0]):
+            fence = _text(reply[1])
+            if not fence:
+                raise FencedOut(f"session {session_id} has no record")
+            raise FencedOut(f"token {token} is older than fence {fence} of {session_id}")
+
+    async def delete(self, session_id: str) -> None:
+        """Drop the record and transcript; the lease token counter is kept."""
+        await self._client.delete(self._keys.record(session_id), self._keys.transcript(session_id))
+
+
+# --------------------------------------------------------------------------- inbox
+
+
+def _decode_entries(session_id: str, flat: Sequence[Any]) -> CollectedBatch:
+    """Decode removed entries one by one; an unreadable one is logged once and kept addressable.
+
+    `flat` repeats (tier, stream id, encoded envelope, arrival time); the arrival time becomes
+    `enqueued_at` of an envelope delivered without one.
+    """
+    messages: list[InboundMessage] = []
+    unreadable: list[UnreadableEntry] = []
+    for i in range(0, len(flat), 4):
+        tier, stream_id, data, arrived = flat[i : i + 4]
+        message_id = f"{int(tier)}:{_text(stream_id)}"
+        try:
+            envelope = Envelope.decode(data)
+        except WireError as exc:
+            logger.warning(
+                "unreadable inbox entry %s of session %s: %s", message_id, session_id, exc
+            )
+            turn_id, key = salvage_addresses(data)
+            unreadable.append(UnreadableEntry(message_id, turn_id, key, str(exc)))
+            continue
+        if envelope.enqueued_at == 0:
+            envelope = envelope.model_copy(update={"enqueued_at": float(arrived)})
+        messages.append(InboundMessage(message_id, envelope))
+    return CollectedBatch(sort_messages(messages), unreadable)
+
+
+class RedisInbox(_Role):
+    """One stream per priority tier per session, plus the cluster-wide pending-sessions index.
+
+    The index holds, per session with queued messages, a lower bound of its oldest arrival time.
+    It is written after the session's scripts by separate commands (a session and the index live
+    in different slots) and healed by `pending_sessions`, which checks every candidate against
+    the session's own streams.
+    """
+
+    async def deliver(self, envelope: Envelope) -> str:
+        """Append the envelope to its tier; collect stamps `enqueued_at` when it is 0."""
+        return await self._append(envelope.session_id, envelope.priority, envelope.encode())
+
+    async def deliver_raw(self, session_id: str, priority: Priority, data: bytes) -> str:
+        """Test hook: append arbitrary bytes (to plant corrupt entries)."""
+        return await self._append(session_id, priority, data)
+
+    async def _append(self, session_id: str, priority: Priority, data: bytes) -> str:
+        stream_id, arrived, was_empty = await self._scripts.inbox_deliver(
+            keys=self._keys.inbox(session_id), args=[TIERS.index(priority), data]
+        )
+        # First message: the exact arrival time. Otherwise only fill a missing entry (a crash
+        # between script and index write); a present one already scores an older arrival.
+        await self._client.zadd(
+            self._keys.pending_index, {session_id: float(arrived)}, nx=not int(was_empty)
+        )
+        return f"{int(priority)}:{_text(stream_id)}"
+
+    async def collect(self, session_id: str, max_priority: Priority) -> CollectedBatch:
+        """Remove every entry of tiers <= `max_priority` at once, then decode per entry."""
+        return await self._take(session_id, TIERS.index(max_priority))
+
+    async def purge(self, session_id: str) -> CollectedBatch:
+        """Remove every tier and return what was removed."""
+        return await self._take(session_id, len(TIERS) - 1)
+
+    async def _take(self, session_id: str, last_tier: int) -> CollectedBatch:
+        taken_at, remaining, flat = await self._scripts.inbox_take(
+            keys=self._keys.inbox(session_id), args=[last_tier]
+        )
+        if flat and not int(remaining):
+            await self._scripts.index_drop(
+                keys=[self._keys.pending_index], args=[session_id, _text(taken_at)]
+            )
+        return _decode_entries(session_id, flat)
+
+    async def is_empty(self, session_id: str) -> bool:
+        """True when nothing is queued for the session."""
+        return await self._client.exists(*self._keys.inbox(session_id)) == 0
+
+    async def pending_sessions(self, older_than: float) -> list[str]:
+        """Sessions whose oldest queued entry arrived more than `older_than` seconds ago.
+
+        Candidates come from the index; each is checked against its streams: an empty inbox
+        drops its entry (unless a delivery rescored it meanwhile), a younger one is rescored.
+        """
+        keys, scripts = self._keys, self._scripts
+        listed: list[str] = []
+        offset = 0
+        for _ in range(_SCAN_ROUNDS):
+            _, cutoff_text, hits = await scripts.index_due(
+                keys=[keys.pending_index], args=[_num(older_than), offset, _SCAN_BATCH]
+            )
+            candidates = [(_text(hits[i]), _text(hits[i + 1])) for i in range(0, len(hits), 2)]
+            cutoff = float(cutoff_text)
+            oldest = await run_batch(
+                self._client,
+                [Call(scripts.inbox_oldest, keys.inbox(session)) for session, _ in candidates],
+            )
+            repairs: list[Call] = []
+            for (session, score), (checked_at, first) in zip(candidates, oldest, strict=True):
+                if not first:
+                    repairs.append(
+                        Call(scripts.index_drop, [keys.pending_index], [session, checked_at])
+                    )
+                elif float(first) < cutoff:
+                    listed.append(session)
+                else:
+                    repairs.append(
+                        Call(scripts.index_rescore, [keys.pending_index], [session, score, first])
+                    )
+            # Entries a repair could not move are still in range: skip them next round.
+            offset = len(listed) + sum(not done for done in await run_batch(self._client, repairs))
+            if len(candidates) < _SCAN_BATCH:
+                break
+        return list(dict.fromkeys(listed))
+
+
+# --------------------------------------------------------------------------- idempotency
+
+
+def _reservation(session_id: str, key: str, reply: Sequence[Any]) -> Reservation:
+    """The public value of a reservation reply (see `reservation_reply` in the Lua prelude)."""
+    turn, input_hash, has_holder, holder, state, touched, stale, outcome = reply[:8]
+    return Reservation(
+        session_id=session_id,
+        key=key,
+        turn_id=_text(turn),
+        input_hash=_text(input_hash),
+        holder=_text(holder) if int(has_holder) else None,
+        state=ReservationState(_text(state)),
+        touched_at=float(touched),
+        stale=bool(int(stale)),
+        outcome=Outcome.decode(outcome) if outcome else None,
+    )
+
+
+class RedisIdempotencyStore(_Role):
+    """One hash per (session, key) with a primary-TTL expiry, plus the stale IN_FLIGHT index.
+
+    The index member names one reservation instance (session, key, turn) and scores a lower
+    bound of its stale deadline: creation writes it, whatever moves the deadline earlier lowers
+    it, a later deadline is left alone (so the renewal tick's touches stay one round trip), and
+    `find_stale_in_flight` rescores what it verifies.
+    """
+
+    async def put_if_absent(
+        self,
+        session_id: str,
+        key: str,
+        turn_id: str,
+        input_hash: str,
+        holder: str,
+        secondary_ttl: float,
+        primary_ttl: float,
+    ) -> Reservation | None:
+        """Reserve the key unless an IN_FLIGHT or DONE reservation exists (then return it)."""
+        created, detail = await self._scripts.idem_put(
+            keys=[self._keys.reservation(session_id, key)],
+            args=[turn_id, input_hash, holder, _num(secondary_ttl), _num(primary_ttl)],
+        )
+        if not int(created):
+            return _reservation(session_id, key, detail)
+        await self._client.zadd(
+            self._keys.stale_index, {reservation_member(session_id, key, turn_id): float(detail)}
+        )
+        return None
+
+    async def touch_many(self, refs: Sequence[ReservationRef], secondary_ttl: float) -> None:
+        """Push the staleness deadline of each reservation still held by its ref (one trip; a
+        second only for deadlines a shorter TTL moved earlier, which the index must follow)."""
+        replies = await run_batch(
+            self._client,
+            [
+                Call(
+                    self._scripts.idem_touch,
+                    [self._keys.reservation(ref.session_id, ref.key)],
+                    [ref.holder, _num(secondary_ttl)],
+                )
+                for ref in refs
+            ],
+        )
+        lowered = {
+            reservation_member(ref.session_id, ref.key, _text(reply[1])): float(reply[2])
+            for ref, reply in zip(refs, replies, strict=True)
+            if int(reply[0])
+        }
+        if lowered:
+            await self._client.zadd(self._keys.stale_index, lowered, lt=True)
+
+    async def acquire_holder(
+        self, session_id: str, key: str, holder: str, secondary_ttl: float
+    ) -> HolderTakeover:
+        """WON when the reservation was IN_FLIGHT and holderless; REJECTED otherwise."""
+        reply = await self._scripts.idem_acquire(
+            keys=[self._keys.reservation(session_id, key)], args=[holder, _num(secondary_ttl)]
+        )
+        if not int(reply[0]):
+            return HolderTakeover.REJECTED
+        await self._lower(session_id, key, reply)
+        return HolderTakeover.WON
+
+    async def release_holder(
+        self, session_id: str, key: str, holder: str, forward_ttl: float
+    ) -> bool:
+        """Make an IN_FLIGHT reservation held by `holder` holderless, stale after `forward_ttl`."""
+        reply = await self._scripts.idem_release(
+            keys=[self._keys.reservation(session_id, key)], args=[holder, _num(forward_ttl)]
+        )
+        if not int(reply[0]):
+            return False
+        await self._lower(session_id, key, reply)
+        return True
+
+    async def _lower(self, session_id: str, key: str, reply: Sequence[Any]) -> None:
+        """Lower the index score to a new deadline ({1, turn, deadline} reply) if it is earlier,
+        so the score stays a lower bound (a later deadline is left to the scan)."""
+        member = reservation_member(session_id, key, _text(reply[1]))
+        await self._client.zadd(self._keys.stale_index, {member: float(reply[2])}, lt=True)
+
+    async def mark_done(
+        self, session_id: str, key: str, holder: str, outcome: Outcome, primary_ttl: float
+    ) -> bool:
+        """Store the outcome (DONE or FAILED) if IN_FLIGHT for its turn and held by `holder` or
+        nobody."""
+        state = ReservationState.DONE if outcome.ok else ReservationState.FAILED
+        reply = await self._scripts.idem_mark_done(
+            keys=[self._keys.reservation(session_id, key)],
+            args=[holder, outcome.turn_id, state.value, outcome.encode(), _num(primary_ttl)],
+        )
+        if not reply:
+            return False
+        await self._unindex(session_id, key, outcome.turn_id)
+        return True
+
+    async def compare_and_reset(
+        self, session_id: str, key: str, expected_holder: str | None, outcome: Outcome
+    ) -> bool:
+        """Mark FAILED with `outcome` if IN_FLIGHT and held by `expected_holder`."""
+        reply = await self._scripts.idem_reset(
+            keys=[self._keys.reservation(session_id, key)],
+            args=[
+                "0" if expected_holder is None else "1",
+                expected_holder or "",
+                outcome.encode(),
+            ],
+        )
+        if not int(reply[0]):
+            return False
+        await self._unindex(session_id, key, _text(reply[1]))
+        return True
+
+    async def discard_reservation(self, session_id: str, key: str, turn_id: str) -> bool:
+        """Delete an IN_FLIGHT reservation made for `turn_id`."""
+        reply = await self._scripts.idem_discard(
+            keys=[self._keys.reservation(session_id, key)], args=[turn_id]
+        )
+        if not reply:
+            return False
+        await self._unindex(session_id, key, turn_id)
+        return True
+
+    async def _unindex(self, session_id: str, key: str, turn_id: str) -> None:
+        """Drop a finished instance from the stale index (the scan drops it if this is lost)."""
+        await self._client.zrem(
+            self._keys.stale_index, reservation_member(session_id, key, turn_id)
+        )
+
+    async def find_stale_in_flight(self, limit: int) -> list[Reservation]:
+        """Up to `limit` IN_FLIGHT reservations past their staleness deadline, oldest first.
+
+        Each index candidate is verified against its hash: a finished, replaced or expired
+        instance is dropped, a live one not yet stale is rescored to its real deadline.
+        """
+        if limit <= 0:
+            return []
+        keys, scripts = self._keys, self._scripts
+        found: dict[str, tuple[float, Reservation]] = {}
+        offset = 0
+        for _ in range(_SCAN_ROUNDS):
+            _, _, hits = await scripts.index_due(
+                keys=[keys.stale_index], args=["0", offset, _SCAN_BATCH]
+            )
+            candidates: list[tuple[str, str, tuple[str, str, str] | None]] = []
+            for i in range(0, len(hits), 2):
+                member = _text(hits[i])
+                try:
+                    address: tuple[str, str, str] | None = parse_reservation_member(member)
+                except ValueError:
+                    address = None
+                candidates.append((member, _text(hits[i + 1]), address))
+            views = await run_batch(
+                self._client,
+                [
+                    Call(scripts.idem_find, [keys.reservation(a[0], a[1])])
+                    for _, _, a in candidates
+                    if a is not None
+                ],
+            )
+            replies = iter(views)
+            repairs: list[Call] = []
+            for member, score, address in candidates:
+                reply = None if address is None else next(replies)
+                if address is None or reply is None or _text(reply[0]) != address[2]:
+                    repairs.append(Call(None, ["ZREM", keys.stale_index, member]))
+                    continue
+                view = _reservation(address[0], address[1], reply)
+                if view.state is not ReservationState.IN_FLIGHT:
+                    repairs.append(Call(None, ["ZREM", keys.stale_index, member]))
+                elif view.stale:
+                    found[member] = (float(reply[8]), view)
+                else:
+                    repairs.append(
+                        Call(scripts.index_rescore, [keys.stale_index], [member, score, reply[8]])
+                    )
+            # Entries a repair could not move are still in range: skip them next round.
+            offset = len(found) + sum(not done for done in await run_batch(self._client, repairs))
+            if len(found) >= limit or len(candidates) < _SCAN_BATCH:
+                break
+        ordered = sorted(found.values(), key=lambda item: item[0])
+        return [reservation for _, reservation in ordered[:limit]]
+
+    async def find(self, session_id: str, key: str) -> Reservation | None:
+        """The reservation, or None when missing or past its primary TTL."""
+        reply = await self._scripts.idem_find(keys=[self._keys.reservation(session_id, key)])
+        return None if reply is None else _reservation(session_id, key, reply)
+
+
+# --------------------------------------------------------------------------- event log
+
+
+class RedisEventLog(_Role):
+    """One stream per session, trimmed with approximate MAXLEN; ids are the stream ids."""
+
+    def __init__(self, client: Redis, scripts: Scripts, keys: Keys, max_len: int) -> None:
+        super().__init__(client, scripts, keys)
+        self._max_len = max_len
+
+    async def append(self, session_id: str, events: Sequence[Event]) -> list[str]:
+        """Append frames in order, in one round trip, and return their ids."""
+        if not events:
+            return []
+        stream = self._keys.event_log(session_id)
+        pipe = self._client.pipeline(transaction=False)
+        for event in events:
+            pipe.xadd(stream, {"f": encode_event(event)}, maxlen=self._max_len, approximate=True)
+        return [_text(event_id) for event_id in await pipe.execute()]
+
+    async def read(self, session_id: str, after: str | None, limit: int) -> list[Event]:
+        """Up to `limit` frames with ids strictly after `after` (all when None), ids set."""
+        if limit <= 0:
+            return []
+        if after is None:
+            start = "-"
+        else:
+            major, minor = event_id_key(after)
+            start = f"({major}-{minor}"
+        entries = await self._scripts.events_read(
+            keys=[self._keys.event_log(session_id)], args=[self._max_len, start, limit]
+        )
+        return [
+            decode_event(dict(_pairs(fields))[b"f"], _text(event_id))
+            for event_id, fields in entries
+        ]
+
+    async def delete(self, session_id: str) -> None:
+        """Empty the session's stream; the emptied stream keeps its last id so ids never go back."""
+        await self._client.xtrim(self._keys.event_log(session_id), maxlen=0, approximate=False)
+
+
+def _pairs(flat: Sequence[Any]) -> list[tuple[Any, Any]]:
+    """[f1, v1, f2, v2, ...] as [(f1, v1), (f2, v2), ...]."""
+    return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]

@@ -1,0 +1,48 @@
+-- Helpers prepended to every stickless script. Times are seconds (server clock), stored as
+-- '%.6f' strings so every reader parses the very same value.
+local function now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+local function fmt(seconds)
+  return string.format('%.6f', seconds)
+end
+
+local function expire_at(key, seconds)
+  redis.call('PEXPIREAT', key, string.format('%.0f', math.ceil(seconds * 1000)))
+end
+
+-- The live lease {holder, token, exp} of a lease hash, or nil when missing or expired.
+local function live_lease(key, t)
+  local cur = redis.call('HMGET', key, 'holder', 'token', 'exp')
+  if cur[1] and tonumber(cur[3]) > t then
+    return cur
+  end
+  return nil
+end
+
+-- A reservation hash as a table, or nil when missing or past its primary TTL.
+local function load_reservation(key, t)
+  local v = redis.call('HMGET', key, 'turn', 'hash', 'holder', 'state', 'touched', 'stale', 'exp',
+    'outcome')
+  if not v[4] or tonumber(v[7]) <= t then
+    return nil
+  end
+  return {turn = v[1], hash = v[2], holder = v[3], state = v[4], touched = v[5], stale = v[6],
+    outcome = v[8]}
+end
+
+-- The flat reply every reservation read returns (see _stores._reservation).
+local function reservation_reply(r, t)
+  local stale = 0
+  if r.state == 'IN_FLIGHT' and t > tonumber(r.stale) then
+    stale = 1
+  end
+  local has_holder = 0
+  if r.holder then
+    has_holder = 1
+  end
+  return {r.turn, r.hash, has_holder, r.holder or '', r.state, r.touched, stale, r.outcome or '',
+    r.stale}
+end

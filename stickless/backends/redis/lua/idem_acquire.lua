@@ -1,0 +1,10 @@
+-- KEYS: reservation hash. ARGV: holder, secondary ttl.
+-- Reply: {1, turn, stale deadline} when a holderless IN_FLIGHT one was taken, else {0}.
+local t = now()
+local r = load_reservation(KEYS[1], t)
+if not r or r.state ~= 'IN_FLIGHT' or r.holder then
+  return {0}
+end
+local stale = fmt(t + tonumber(ARGV[2]))
+redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'touched', fmt(t), 'stale', stale)
+return {1, r.turn, stale}

@@ -1,0 +1,14 @@
+-- KEYS: reservation hash. ARGV: turn, input hash, holder, secondary ttl, primary ttl.
+-- Reply: {1, stale deadline} when reserved, {0, reservation} when one exists (not FAILED).
+local t = now()
+local r = load_reservation(KEYS[1], t)
+if r and r.state ~= 'FAILED' then
+  return {0, reservation_reply(r, t)}
+end
+local stale = fmt(t + tonumber(ARGV[4]))
+local exp_at = t + tonumber(ARGV[5])
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'turn', ARGV[1], 'hash', ARGV[2], 'holder', ARGV[3],
+  'state', 'IN_FLIGHT', 'touched', fmt(t), 'stale', stale, 'exp', fmt(exp_at))
+expire_at(KEYS[1], exp_at)
+return {1, stale}

@@ -1,0 +1,16 @@
+-- KEYS: reservation hash. ARGV: 1 when a holder is expected (0: holderless), holder, outcome.
+-- Marks FAILED if IN_FLIGHT and held as expected. Reply: {1, turn} when reset, else {0}.
+local t = now()
+local r = load_reservation(KEYS[1], t)
+if not r or r.state ~= 'IN_FLIGHT' then
+  return {0}
+end
+if ARGV[1] == '1' then
+  if r.holder ~= ARGV[2] then
+    return {0}
+  end
+elseif r.holder then
+  return {0}
+end
+redis.call('HSET', KEYS[1], 'state', 'FAILED', 'outcome', ARGV[3], 'touched', fmt(t))
+return {1, r.turn}

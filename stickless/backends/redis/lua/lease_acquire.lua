@@ -1,0 +1,19 @@
+-- KEYS: lease hash, per-session token counter. ARGV: holder, ttl.
+-- Reply: {1, holder, token, exp} when granted or refreshed, {0, holder, token, exp} when held
+-- elsewhere. The counter is never deleted, so tokens grow across release and record delete.
+local t = now()
+local exp_at = t + tonumber(ARGV[2])
+local exp = fmt(exp_at)
+local cur = live_lease(KEYS[1], t)
+if cur then
+  if cur[1] ~= ARGV[1] then
+    return {0, cur[1], cur[2], cur[3]}
+  end
+  redis.call('HSET', KEYS[1], 'exp', exp)
+  expire_at(KEYS[1], exp_at)
+  return {1, cur[1], cur[2], exp}
+end
+local token = tostring(redis.call('INCR', KEYS[2]))
+redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', token, 'exp', exp)
+expire_at(KEYS[1], exp_at)
+return {1, ARGV[1], token, exp}

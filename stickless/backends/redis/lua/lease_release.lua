@@ -1,0 +1,7 @@
+-- KEYS: lease hash. ARGV: holder, token. Reply: 1 when released, 0 when not held so.
+local cur = live_lease(KEYS[1], now())
+if not cur or cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+return 1
