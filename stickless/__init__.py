@@ -53,7 +53,6 @@ from .router import (
 )
 
 
-
 def __getattr__(name: str) -> object:
     # Optional extras load lazily so `import stickless` never needs redis or ray installed.
     if name == "RedisBackends":
