@@ -71,6 +71,8 @@ T = TypeVar("T")
 #: Prefixes keep client idempotency keys and per-turn internal keys apart.
 _CLIENT_KEY = "c:"
 _TURN_KEY = "t:"
+#: Token of a forward whose lease is unknown: larger than any real token, so no EVICT fails it.
+_UNKNOWN_TOKEN = 2**62
 
 
 @dataclass
@@ -260,9 +262,12 @@ class SessionRouter:
         self._hub.finish_all()
 
     async def kill(self) -> None:
-        """Simulated crash: stop every task without releasing or announcing anything."""
+        """Simulated crash: stop every task without releasing or announcing anything.
+
+        Everything stops before the first await, so no turn of this node answers anyone after
+        the crash instant; its own callers get RouterClosedError.
+        """
         self._closed = True
-        await asyncio.to_thread(self._renewer.stop)
         for loop in self._loops:
             loop.cancel()
         for actor in list(self._actors.values()):
@@ -272,6 +277,7 @@ class SessionRouter:
         self._actors.clear()
         self._fail_all_waiters("router killed")
         self._hub.finish_all()
+        await asyncio.to_thread(self._renewer.stop)
         pending = [*self._loops, *self._tasks]
         if pending:
             await asyncio.wait(pending, timeout=1.0)
@@ -385,7 +391,7 @@ class SessionRouter:
             if existing.stale:
                 await self._reset_stale(existing)
                 continue
-            return self._attach(req, existing, turn_id, future)
+            return await self._attach(req, existing, turn_id, future)
         else:
             raise BackendUnavailableError(f"idempotency key of {session_id} keeps changing")
         work = TurnWork.from_request(req, turn_id, key, self._node_id)
@@ -418,7 +424,7 @@ class SessionRouter:
             SubmitKind.EXECUTED_LOCALLY, req.session_id, existing.turn_id, self._node_id, future
         )
 
-    def _attach(
+    async def _attach(
         self,
         req: SubmitRequest,
         existing: Reservation,
@@ -426,16 +432,30 @@ class SessionRouter:
         future: asyncio.Future[TurnResult],
     ) -> SubmitDisposition:
         """Same key, same input, in flight: follow the original turn (no new turn)."""
+        token = await self._running_token(req.session_id)
         self._remove_waiter(turn_id, future)
         self._waiters.setdefault(existing.turn_id, []).append((future, req.session_id))
         self._forwards.setdefault(
             existing.turn_id,
-            _Forward(req.session_id, existing.key, existing.turn_id, self._deadline(), 0),
+            _Forward(req.session_id, existing.key, existing.turn_id, self._deadline(), token),
         )
         self._metrics.emit("on_submit", req.session_id, SubmitKind.FORWARDED.value)
         return SubmitDisposition(
             SubmitKind.FORWARDED, req.session_id, existing.turn_id, self._node_id, future
         )
+
+    async def _running_token(self, session_id: str) -> int:
+        """The lease token a followed turn runs under, as far as this node can tell.
+
+        Only an EVICT of that lease (or a later one) may fail the follower. When no lease is
+        visible the token is unknown: no EVICT fails the follower, whose answer then comes from
+        the turn's result or the store poll, both of which record an eviction too.
+        """
+        actor = self._actors.get(session_id)
+        if actor is not None:
+            return actor.token
+        lease = await self._quiet(self._backends.leases.current(session_id))
+        return lease.token if lease is not None else _UNKNOWN_TOKEN
 
     async def _place(self, work: TurnWork, future: asyncio.Future[TurnResult]) -> SubmitDisposition:
         """Run on this node's actor (claiming the session if free), else forward to the holder."""
@@ -980,6 +1000,10 @@ class SessionRouter:
             Signal(kind=kind.value, session_id=session_id, origin=self._node_id, payload=payload)
         )
 
+    async def _publish_signal(self, signal: Signal) -> None:
+        """Best-effort publish of a prepared signal (its coroutine starts only when run)."""
+        await self._quiet(self._backends.signals.publish(signal))
+
     async def _publish_quiet(
         self, kind: SignalKind, session_id: str, payload: dict[str, Any]
     ) -> None:
@@ -1114,7 +1138,7 @@ class SessionRouter:
         """Broadcast the actor's state when it changed (RUNNING / IDLE / active turn)."""
         signal = self._status_signal(actor)
         if signal is not None:
-            self._spawn(self._quiet(self._backends.signals.publish(signal)))
+            self._spawn(self._publish_signal(signal), "status")
 
     def _publish_gone(self, actor: SessionActor) -> None:
         self._last_status.pop(actor.session_id, None)
