@@ -675,8 +675,9 @@ SCENES: list[tuple[str, Scene]] = [
 # ====================================================================== runner
 
 
-async def run_demo(nodes: int = 3, token_delay: float = 0.02) -> int:
-    """Run every scene on a fresh LocalCluster; 0 when all of them showed what they should."""
+async def run_demo(nodes: int = 3, token_delay: float = 0.02, redis_url: str | None = None) -> int:
+    """Run every scene on a fresh LocalCluster (in memory, or over Redis when `redis_url` is
+    given); 0 when all of them showed what they should."""
     console = Console()
     ledger = AgentLedger()
 
@@ -684,15 +685,19 @@ async def run_demo(nodes: int = 3, token_delay: float = 0.02) -> int:
         ledger.opened[session_id] += 1
         return ScriptedAgent(session_id, ledger, token_delay)
 
-    cluster = LocalCluster(0, session_factory=factory, **DEMO_CONFIG)
+    if redis_url is None:
+        cluster = LocalCluster(0, session_factory=factory, **DEMO_CONFIG)
+        shared = "one shared in-memory backend"
+    else:
+        cluster = LocalCluster.over_redis(redis_url, 0, session_factory=factory, **DEMO_CONFIG)
+        shared = f"Redis at {redis_url.rpartition('@')[2]} (each node with its own connections)"
     await cluster.start()
     try:
         for index in range(nodes):
             await cluster.add_node(f"node-{chr(ord('a') + index)}")
         console.line(
             "cluster",
-            f"{nodes} nodes ({', '.join(n.node_id for n in cluster.nodes)}) over one shared "
-            "in-memory backend",
+            f"{nodes} nodes ({', '.join(n.node_id for n in cluster.nodes)}) over {shared}",
         )
         demo = Demo(cluster, ledger, console)
         scenes = [*SCENES, ("summary", scene_summary)]
@@ -713,7 +718,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     async def bounded() -> int:
         try:
-            return await asyncio.wait_for(run_demo(args.nodes, args.token_delay), args.timeout)
+            return await asyncio.wait_for(
+                run_demo(args.nodes, args.token_delay, args.redis), args.timeout
+            )
         except TimeoutError:
             sys.stdout.write(f"\ndemo did not finish within {args.timeout:.0f}s\n")
             return 1
@@ -749,6 +756,12 @@ def _add_demo(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=30.0,
         metavar="SECONDS",
         help="fail if the demo takes longer (default 30)",
+    )
+    parser.add_argument(
+        "--redis",
+        default=None,
+        metavar="URL",
+        help="run the nodes over this Redis (redis:// or rediss://) instead of in memory",
     )
     parser.set_defaults(handler=_cmd_demo)
 

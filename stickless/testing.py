@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import collections
 import itertools
+import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ._config import RouterConfig
+from ._config import DeploymentMode, RouterConfig
 from ._metrics import SessionMetrics
 from ._session import LiveSessionOpener
+from .backends.base import Backends
 from .backends.memory import MemoryBackends
 from .router import SessionRouter
+
+#: Builds one node's own backends bundle (its own connections) from the node id.
+NodeBackendsFactory = Callable[[str], Backends]
 
 _cluster_ids = itertools.count(1)
 
@@ -20,7 +25,8 @@ class LocalCluster:
     """Several routers in one process over one shared `MemoryBackends`: a simulated cluster.
 
     Each node gets its own link to the shared data, so `kill(node)` can cut exactly that node
-    off, the way a crashed process loses its connections.
+    off, the way a crashed process loses its connections. `LocalCluster.over_redis(...)` runs
+    the same nodes over a real Redis instead, each with its own connections.
     """
 
     def __init__(
@@ -29,7 +35,8 @@ class LocalCluster:
         *,
         opener: LiveSessionOpener | None = None,
         session_factory: Callable[[str, str], Any] | None = None,
-        backends: MemoryBackends | None = None,
+        backends: Backends | None = None,
+        node_backends: NodeBackendsFactory | None = None,
         metrics: SessionMetrics | None = None,
         **config_overrides: Any,
     ) -> None:
@@ -38,12 +45,41 @@ class LocalCluster:
         self._factory = session_factory
         self._metrics = metrics
         self._overrides = config_overrides
-        self.backends = backends if backends is not None else MemoryBackends()
+        #: The shared data as seen by the test itself (for reading records, inboxes, leases).
+        self.backends: Backends = backends if backends is not None else MemoryBackends()
+        if node_backends is None and not isinstance(self.backends, MemoryBackends):
+            raise ValueError("node_backends= is required unless the backends are MemoryBackends")
+        self._node_backends = node_backends
         self.nodes: list[SessionRouter] = []
-        self._links: dict[str, MemoryBackends] = {}
+        self._links: dict[str, Backends] = {}
         self._killed: set[str] = set()
         self._prefix = f"c{next(_cluster_ids)}"
         self._serial = itertools.count(1)
+
+    @classmethod
+    def over_redis(
+        cls,
+        url: str,
+        nodes: int = 3,
+        *,
+        namespace: str | None = None,
+        **kwargs: Any,
+    ) -> LocalCluster:
+        """Nodes in DISTRIBUTED mode over a real Redis, each node with its own connections.
+
+        `kill(node)` stops the node's tasks and closes its connections; its leases and
+        reservations stay in Redis until they expire, as after a real crash.
+        """
+        from .backends.redis import RedisBackends
+
+        prefix = namespace or f"cluster-{uuid.uuid4().hex[:8]}"
+        return cls(
+            nodes,
+            backends=RedisBackends.from_url(url, namespace=prefix),
+            node_backends=lambda _: RedisBackends.from_url(url, namespace=prefix),
+            mode=DeploymentMode.DISTRIBUTED,
+            **kwargs,
+        )
 
     @property
     def alive(self) -> list[SessionRouter]:
@@ -59,7 +95,11 @@ class LocalCluster:
     async def add_node(self, node_id: str | None = None) -> SessionRouter:
         """Start one more node (a fresh incarnation with its own id)."""
         node_id = node_id or f"{self._prefix}-node-{next(self._serial)}"
-        link = self.backends.link()
+        if self._node_backends is not None:
+            link = self._node_backends(node_id)
+        else:
+            assert isinstance(self.backends, MemoryBackends)
+            link = self.backends.link()
         config = RouterConfig(node_id=node_id, **self._overrides)
         router = SessionRouter.build(
             config=config,
@@ -76,9 +116,14 @@ class LocalCluster:
     async def kill(self, node: SessionRouter) -> None:
         """Crash a node: cut its backend access first, then stop its tasks with no release or
         announcement; its leases and reservations are left to expire."""
-        self._links[node.node_id].sever()
+        link = self._links[node.node_id]
         self._killed.add(node.node_id)
-        await node.kill()
+        if isinstance(link, MemoryBackends):
+            link.sever()
+            await node.kill()
+        else:
+            await node.kill()  # stops every task before its first await
+            await link.aclose()
 
     def is_killed(self, node: SessionRouter) -> bool:
         return node.node_id in self._killed
@@ -88,6 +133,11 @@ class LocalCluster:
         for node in self.nodes:
             if not node.closed:
                 await node.aclose(grace=grace)
+        if self._node_backends is not None:
+            for node_id, link in self._links.items():
+                if node_id not in self._killed:
+                    await link.aclose()
+            await self.backends.aclose()
 
     async def __aenter__(self) -> LocalCluster:
         return await self.start()

@@ -93,6 +93,15 @@ def test_demo_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     _check_demo_output(out)
 
 
+def test_demo_over_redis(redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # The same scenes with every node over a real Redis, each with its own connections
+    code = main(["demo", "--redis", redis_url])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert re.search(r"over Redis at (redis://)?127\.0\.0\.1:\d+", out), out
+    _check_demo_output(out)
+
+
 def test_python_dash_m_demo() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "stickless", "demo"],
