@@ -363,3 +363,33 @@ async def test_one_renewal_round_trip_per_role_per_tick(journal: Journal) -> Non
         assert abs(len(renew_calls) - len(touch_calls)) <= 1
         journal.gates["busy"].set()
         await busy.result
+
+
+async def test_outcome_is_recorded_later_when_mark_done_fails(journal: Journal) -> None:
+    async with make_cluster(journal, **QUICK) as cluster:
+        a, b, _ = cluster.nodes
+        # Given the store refuses the first two attempts to record an outcome (a blip)
+        store = a.backends.idempotency
+        mark_done = store.mark_done
+        failures = [RuntimeError("blip"), RuntimeError("blip")]
+
+        async def flaky(*args, **kwargs):  # type: ignore[no-untyped-def]
+            if failures:
+                raise failures.pop()
+            return await mark_done(*args, **kwargs)
+
+        store.mark_done = flaky  # type: ignore[method-assign]
+        # When a keyed turn succeeds and its caller is answered
+        first = await (await a.submit(req("s1", "once", idempotency_key="k"))).result
+
+        # Then the outcome is still recorded (the reservation never went stale meanwhile)
+        async def recorded() -> bool:
+            found = await cluster.backends.idempotency.find("s1", "c:k")
+            return found is not None and found.outcome is not None
+
+        await wait_until(recorded)
+        # And a retry gets the cached result instead of running the turn again
+        retry = await b.submit(req("s1", "once", idempotency_key="k"))
+        assert await retry.result == first
+        assert journal.texts("s1") == ["once"]
+        assert failures == []

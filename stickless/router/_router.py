@@ -624,21 +624,43 @@ class SessionRouter:
             log.warning("event rail publish failed for %s: %s", session_id, exc)
 
     async def complete(self, work: TurnWork, outcome: Outcome) -> None:
-        """F6: record the outcome (mark_done) first, then answer local callers and the rail."""
+        """F6: record the outcome (mark_done) first, then answer local callers and the rail.
+
+        When the store cannot be reached the answer still goes out, and the outcome is recorded
+        in the background: until then the reservation stays owned (touched by renewals), so it
+        never looks abandoned and a retry never runs the turn a second time.
+        """
+        recorded = True
         if work.takeover.owns:
-            try:
-                await self._backends.idempotency.mark_done(
-                    work.session_id, work.key, self._node_id, outcome, self._primary_ttl(work.key)
-                )
-            except Exception as exc:
-                log.warning("mark_done failed for %s/%s: %s", work.session_id, work.turn_id, exc)
-        self._renewer.disown(work.session_id, work.key)
+            recorded = await self._mark_done(work, outcome)
+        if recorded:
+            self._renewer.disown(work.session_id, work.key)
+        else:
+            self._spawn(self._record_later(work, outcome), "mark-done-retry")
         self._resolve(outcome)
         await self._publish_quiet(
             SignalKind.TURN_RESULT,
             work.session_id,
             TurnResultPayload(key=work.key, outcome=outcome).model_dump(mode="python"),
         )
+
+    async def _mark_done(self, work: TurnWork, outcome: Outcome) -> bool:
+        """True once the store answered (recorded, or refused because it is not ours)."""
+        try:
+            await self._backends.idempotency.mark_done(
+                work.session_id, work.key, self._node_id, outcome, self._primary_ttl(work.key)
+            )
+        except Exception as exc:
+            log.warning("mark_done failed for %s/%s: %s", work.session_id, work.turn_id, exc)
+            return False
+        return True
+
+    async def _record_later(self, work: TurnWork, outcome: Outcome) -> None:
+        delay = 0.05
+        while not await self._mark_done(work, outcome):
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._config.idempotency_secondary_ttl / 3)
+        self._renewer.disown(work.session_id, work.key)
 
     async def take_over(self, message: InboundMessage) -> TurnWork | None:
         """F4: take over a collected message's reservation (won / rejected / unknown).
@@ -1330,6 +1352,27 @@ class SessionRouter:
                 await self._quiet(self._backends.signals.publish_many(signals))
 
     # ================================================================== holder loss (§6.3D)
+
+    async def peer_lost(self, node_id: str) -> list[str]:
+        """Another node is known dead (e.g. its Ray actor died): expire its leases and make its
+        reservations stale now, then sweep and drain its sessions instead of waiting for TTLs.
+
+        Fencing keeps this safe: the dead node's late writes carry older tokens. Returns the
+        sessions whose leases were revoked.
+
+        Raises:
+            BackendUnavailableError: the backends could not be reached.
+        """
+        self._check_open()
+        if node_id == self._node_id:
+            return []
+        sessions = await self._io(self._backends.leases.revoke_holder(node_id))
+        await self._io(self._backends.idempotency.expire_holder(node_id))
+        await self._sweep_holder_loss()
+        for session_id in sessions:
+            if await self._quiet(self._backends.inbox.is_empty(session_id)) is False:
+                await self._claim_and_drain(session_id)
+        return sessions
 
     async def _reset_stale(self, stale: Reservation) -> None:
         """Reset a stale IN_FLIGHT reservation; the one node that wins announces the lost turn."""
