@@ -135,7 +135,8 @@ async def test_keys_of_one_session_share_one_hash_tag(bundle: RedisBackends) -> 
     # When the keyspace is listed
     keys = await _all_keys(bundle)
     # Then each session's keys carry its own hash tag (so they map to one slot), and only the
-    # two cluster-wide indexes live outside every session's slot
+    # cluster-wide indexes (two, plus the holder's lease and reservation indexes) live outside
+    # every session's slot
     for session_id in ("s1", "user/42:chat"):
         tag = f"{{{NS}:s:{session_id}}}"
         own = [key for key in keys if key.startswith(tag + ":")]
@@ -152,7 +153,12 @@ async def test_keys_of_one_session_share_one_hash_tag(bundle: RedisBackends) -> 
         }
         assert {key_slot(key.encode()) for key in own} == {key_slot(tag.encode())}
     untagged = [key for key in keys if not key.startswith("{")]
-    assert untagged == [f"{NS}:idx:pending", f"{NS}:idx:stale"]
+    assert untagged == [
+        f"{NS}:holder:node-a:idem",
+        f"{NS}:holder:node-a:leases",
+        f"{NS}:idx:pending",
+        f"{NS}:idx:stale",
+    ]
 
 
 async def test_namespaces_do_not_share_keys(redis_url: str) -> None:
@@ -580,3 +586,88 @@ async def test_two_routers_forward_over_redis(redis_url: str) -> None:
             await router.aclose(grace=1.0)
         for bundle in bundles:
             await bundle.aclose()
+
+
+# --------------------------------------------------------------------------- holder indexes
+
+
+async def _members(bundle: RedisBackends, index: str) -> set[str]:
+    return {member.decode() for member in await bundle.client.smembers(index)}
+
+
+async def _until_expired(bundle: RedisBackends, session_id: str) -> None:
+    for _ in range(100):
+        if await bundle.leases.current(session_id) is None:
+            return
+        await asyncio.sleep(0.02)
+    pytest.fail(f"the lease of {session_id} did not expire")
+
+
+async def test_holder_lease_index_heals(bundle: RedisBackends) -> None:
+    leases, client = bundle.leases, bundle.client
+    index = bundle.keys.holder_leases("node-a")
+    # Given node-a released one session, lost another to node-b after it expired, re-took a
+    # third after it expired (so its old lease is stale), and its index also lost the member of
+    # a fourth (a crash between script and index write) and holds a ghost and a malformed one
+    released = await leases.acquire("s-released", "node-a", LONG)
+    assert isinstance(released, Lease)
+    assert await leases.release(released)
+    assert "s-released" not in await _members(bundle, index)
+    await leases.acquire("s-lost", "node-a", 0.1)
+    old = await leases.acquire("s-retaken", "node-a", 0.1)
+    assert isinstance(old, Lease)
+    await _until_expired(bundle, "s-lost")
+    await _until_expired(bundle, "s-retaken")
+    taken = await leases.acquire("s-lost", "node-b", LONG)
+    assert isinstance(taken, Lease)
+    await leases.acquire("s-retaken", "node-a", LONG)
+    assert not await leases.release(old)  # a stale lease: the member of the new one stays
+    await leases.acquire("s-unindexed", "node-a", LONG)
+    await client.srem(index, "s-unindexed")
+    await leases.acquire("s-unindexed", "node-a", LONG)  # a refresh indexes it again
+    await client.sadd(index, "s-ghost", "bad{tag}")
+    # When node-a is revoked
+    revoked = await leases.revoke_holder("node-a")
+    # Then only its live leases are revoked, node-b's lease is untouched, and the index is
+    # emptied (revoked and dead members alike)
+    assert sorted(revoked) == ["s-retaken", "s-unindexed"]
+    assert await leases.current("s-lost") == taken
+    assert await client.exists(index) == 0
+    assert await leases.revoke_holder("node-a") == []
+
+
+async def test_holder_reservation_index_heals(bundle: RedisBackends) -> None:
+    idem, client = bundle.idempotency, bundle.client
+    index, stale_index = bundle.keys.holder_reservations("node-a"), bundle.keys.stale_index
+    keys = ("done", "reset", "discarded", "released", "gone", "live")
+    for key in keys:
+        assert await idem.put_if_absent("s1", key, f"t-{key}", "h", "node-a", LONG, DAY) is None
+    assert await _members(bundle, index) == {reservation_member("s1", k, f"t-{k}") for k in keys}
+    # Given reservations finished or given up in every way (their members leave at once), one
+    # whose hash vanished, a member of an older turn, a malformed member, and the live one's
+    # stale-index entry lost (a crash between script and index write)
+    await idem.mark_done("s1", "done", "node-a", Outcome(turn_id="t-done", ok=True), DAY)
+    failed = Outcome(turn_id="t-reset", ok=False, code="HOLDER_LOST")
+    await idem.compare_and_reset("s1", "reset", "node-a", failed)
+    await idem.discard_reservation("s1", "discarded", "t-discarded")
+    await idem.release_holder("s1", "released", "node-a", LONG)
+    live = reservation_member("s1", "live", "t-live")
+    gone = reservation_member("s1", "gone", "t-gone")
+    assert await _members(bundle, index) == {live, gone}
+    await client.delete(bundle.keys.reservation("s1", "gone"))
+    older = reservation_member("s1", "live", "t-older")
+    await client.sadd(index, older, "garbage")
+    await client.zrem(stale_index, live)
+    # When node-a's reservations are expired
+    count = await idem.expire_holder("node-a")
+    # Then only the live one counts, is indexed as stale again and swept, and it is the only
+    # member left
+    assert count == 1
+    assert await _members(bundle, index) == {live}
+    assert [r.key for r in await idem.find_stale_in_flight(10)] == ["live"]
+    # And once the sweep resets it, its member leaves too
+    assert await idem.compare_and_reset(
+        "s1", "live", "node-a", failed.model_copy(update={"turn_id": "t-live"})
+    )
+    assert await client.exists(index) == 0
+    assert await idem.expire_holder("node-a") == 0

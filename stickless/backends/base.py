@@ -64,6 +64,10 @@ class LeaseStore(Protocol):
         """The unexpired lease on the session, if any."""
         ...
 
+    async def revoke_holder(self, holder: str) -> list[str]:
+        """Expire every unexpired lease of `holder` (known dead) now; return their session ids."""
+        ...
+
 
 # --------------------------------------------------------------------------- records
 
@@ -292,6 +296,10 @@ class IdempotencyStore(Protocol):
 
     async def find_stale_in_flight(self, limit: int) -> list[Reservation]:
         """IN_FLIGHT reservations past their staleness bound (store clock)."""
+        ...
+
+    async def expire_holder(self, holder: str) -> int:
+        """Make every IN_FLIGHT reservation held by `holder` (known dead) stale now; count them."""
         ...
 
     async def find(self, session_id: str, key: str) -> Reservation | None: ...

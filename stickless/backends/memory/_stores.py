@@ -37,6 +37,10 @@ from ._shared import InboxRow, LeaseRow, Link, RecordRow, ReservationRow, State
 
 logger = logging.getLogger(__name__)
 
+#: How far before "now" `expire_holder` puts a staleness deadline: staleness means strictly past
+#: the deadline, and one microsecond is the finest time the Redis store keeps.
+STALE_NOW_MARGIN = 1e-6
+
 
 # --------------------------------------------------------------------------- leases
 
@@ -101,6 +105,19 @@ class MemoryLeaseStore:
             if row is None:
                 return None
             return Lease(session_id, row.holder, row.token, row.expires_at)
+
+    async def revoke_holder(self, holder: str) -> list[str]:
+        """Drop every unexpired lease of `holder` (token counters kept); their session ids."""
+        with self._link.open() as state:
+            now = state.clock()
+            revoked = [
+                session_id
+                for session_id in list(state.leases)
+                if (row := _live_lease(state, session_id, now)) is not None and row.holder == holder
+            ]
+            for session_id in revoked:
+                del state.leases[session_id]
+        return sorted(revoked)
 
 
 # --------------------------------------------------------------------------- records
@@ -405,6 +422,20 @@ class MemoryIdempotencyStore:
                     stale.append((row.stale_at, _view(session_id, key, row, now)))
         stale.sort(key=lambda item: item[0])
         return [reservation for _, reservation in stale[: max(limit, 0)]]
+
+    async def expire_holder(self, holder: str) -> int:
+        """Move the staleness deadline of each IN_FLIGHT reservation of `holder` not yet stale to
+        just before now (one microsecond, the Redis store's resolution, so it is past at once);
+        return how many moved. Already stale ones are left as they are and not counted."""
+        with self._link.open() as state:
+            now = state.clock()
+            expired = 0
+            for session_id, key in list(state.reservations):
+                row = _live_reservation(state, session_id, key, now)
+                if row is not None and _held_by(row, holder) and row.stale_at >= now:
+                    row.stale_at = now - STALE_NOW_MARGIN
+                    expired += 1
+            return expired
 
     async def find(self, session_id: str, key: str) -> Reservation | None:
         """The reservation, or None when missing or past its primary TTL."""

@@ -1,7 +1,8 @@
 """Every Redis key, channel and index member of one namespace, formatted in one place.
 
 All keys of one session share the hash tag `{<ns>:s:<session_id>}`, so every multi-key script
-touches a single slot (Redis Cluster ready). The two cluster-wide indexes live outside any
+touches a single slot (Redis Cluster ready). The cluster-wide indexes (stale reservations,
+pending sessions, and the per-holder indexes of leases and reservations) live outside any
 session's slot and are only written by single-key commands.
 """
 
@@ -70,9 +71,20 @@ class Keys:
         """Pub/sub channel of the session's EVENT signals (plain PUBLISH, slot-agnostic)."""
         return f"{self.namespace}:ev:{session_id}"
 
+    def holder_leases(self, holder: str) -> str:
+        """Set of session ids whose lease `holder` may hold (a superset: members are verified
+        against the lease hash before use, dead ones dropped)."""
+        return f"{self.namespace}:holder:{holder}:leases"
+
+    def holder_reservations(self, holder: str) -> str:
+        """Set of `reservation_member`s of IN_FLIGHT reservations `holder` may hold (a superset:
+        members are verified against the reservation hash before use, dead ones dropped)."""
+        return f"{self.namespace}:holder:{holder}:idem"
+
 
 def reservation_member(session_id: str, key: str, turn_id: str) -> str:
-    """Stale-index member of one reservation instance; the turn id makes a retry a new member."""
+    """Stale-index (and holder-index) member of one reservation instance; the turn id makes a
+    retry a new member."""
     return f"{len(session_id)}:{session_id}{len(key)}:{key}{turn_id}"
 
 

@@ -35,6 +35,7 @@ class Scripts:
         self.lease_renew = load("lease_renew")
         self.lease_release = load("lease_release")
         self.lease_current = load("lease_current")
+        self.lease_revoke = load("lease_revoke")
         self.record_provision = load("record_provision")
         self.record_commit = load("record_commit")
         self.inbox_deliver = load("inbox_deliver")
@@ -51,6 +52,7 @@ class Scripts:
         self.idem_reset = load("idem_reset")
         self.idem_discard = load("idem_discard")
         self.idem_find = load("idem_find")
+        self.idem_expire = load("idem_expire")
         self.events_read = load("events_read")
 
 

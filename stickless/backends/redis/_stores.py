@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from ..._events import Event
 from ..._types import CommittedEntry, Priority, TranscriptEntry
@@ -73,7 +74,16 @@ def _lease(session_id: str, reply: Sequence[Any]) -> Lease:
 
 
 class RedisLeaseStore(_Role):
-    """Lease hashes with a per-session INCR counter as the fencing token."""
+    """Lease hashes with a per-session INCR counter as the fencing token, plus a per-holder index.
+
+    The holder index (`Keys.holder_leases`) lists the sessions a holder may hold, for
+    `revoke_holder`. It lives outside the sessions' slots, so separate commands keep it: a grant
+    adds the session after the script (one more round trip, on grants only), a release removes
+    it in the same pipeline as the script (no extra trip). It is a superset kept honest by
+    `revoke_holder`, which checks each member against the lease hash and drops dead ones; a
+    member lost to a crash between script and index write only loses the shortcut (that lease
+    then expires by its TTL).
+    """
 
     async def acquire(self, session_id: str, holder: str, ttl: float) -> Lease | HeldElsewhere:
         """Take a free or expired lease (new token); refresh the holder's own (same token)."""
@@ -83,9 +93,15 @@ class RedisLeaseStore(_Role):
             args=[holder, _num(ttl)],
         )
         lease = _lease(session_id, reply[1:])
-        if int(reply[0]):
-            return lease
-        return HeldElsewhere(session_id, lease.holder, lease.token, lease.expires_at)
+        if not int(reply[0]):
+            return HeldElsewhere(session_id, lease.holder, lease.token, lease.expires_at)
+        # A refresh adds it again too, which heals a member lost to a crash. The lease is won
+        # either way: a failed index write only costs the revoke shortcut, so it is not raised.
+        try:
+            await self._client.sadd(keys.holder_leases(holder), session_id)
+        except RedisError as exc:
+            logger.warning("holder index of %s missed session %s: %s", holder, session_id, exc)
+        return lease
 
     async def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
         """Extend each lease still held under its token, in one round trip; None for lost ones."""
@@ -108,16 +124,71 @@ class RedisLeaseStore(_Role):
         ]
 
     async def release(self, lease: Lease) -> bool:
-        """Drop the lease if still held under this holder and token."""
-        reply = await self._scripts.lease_release(
-            keys=[self._keys.lease(lease.session_id)], args=[lease.holder, str(lease.token)]
+        """Drop the lease if still held under this holder and token (one round trip: the
+        holder-index member goes in the same pipeline, re-added in the rare case the holder
+        still holds the session under another token)."""
+        keys = self._keys
+        index = keys.holder_leases(lease.holder)
+        reply, _ = await run_batch(
+            self._client,
+            [
+                Call(
+                    self._scripts.lease_release,
+                    [keys.lease(lease.session_id)],
+                    [lease.holder, str(lease.token)],
+                ),
+                Call(None, ["SREM", index, lease.session_id]),
+            ],
         )
-        return bool(reply)
+        if int(reply) == 2:
+            try:
+                await self._client.sadd(index, lease.session_id)
+            except RedisError as exc:
+                logger.warning(
+                    "holder index of %s missed session %s: %s", lease.holder, lease.session_id, exc
+                )
+        return int(reply) == 1
 
     async def current(self, session_id: str) -> Lease | None:
         """The unexpired lease, if any."""
         reply = await self._scripts.lease_current(keys=[self._keys.lease(session_id)])
         return None if reply is None else _lease(session_id, reply)
+
+    async def revoke_holder(self, holder: str) -> list[str]:
+        """Drop every unexpired lease of `holder` (token counters kept); their session ids.
+
+        Round trips: one to read the holder index, then one per `_SCAN_BATCH` members, each
+        pipelining a verifying script per member with the removal of those members (revoked
+        or dead) from the index.
+        """
+        keys, scripts = self._keys, self._scripts
+        index = keys.holder_leases(holder)
+        members = sorted(_text(member) for member in await self._client.smembers(index))
+        revoked: list[str] = []
+        for start in range(0, len(members), _SCAN_BATCH):
+            chunk = members[start : start + _SCAN_BATCH]
+            checked: list[tuple[str, str]] = []
+            for session_id in chunk:
+                try:
+                    checked.append((session_id, keys.lease(session_id)))
+                except ValueError:  # not a session id this store could have indexed
+                    continue
+            replies = await run_batch(
+                self._client,
+                [
+                    *(
+                        Call(scripts.lease_revoke, [lease_key], [holder])
+                        for _, lease_key in checked
+                    ),
+                    Call(None, ["SREM", index, *chunk]),
+                ],
+            )
+            revoked.extend(
+                session_id
+                for (session_id, _), reply in zip(checked, replies[:-1], strict=True)
+                if int(reply)
+            )
+        return revoked
 
 
 # --------------------------------------------------------------------------- records
@@ -310,12 +381,20 @@ def _reservation(session_id: str, key: str, reply: Sequence[Any]) -> Reservation
 
 
 class RedisIdempotencyStore(_Role):
-    """One hash per (session, key) with a primary-TTL expiry, plus the stale IN_FLIGHT index.
+    """One hash per (session, key) with a primary-TTL expiry, plus the stale IN_FLIGHT index and
+    a per-holder index.
 
-    The index member names one reservation instance (session, key, turn) and scores a lower
-    bound of its stale deadline: creation writes it, whatever moves the deadline earlier lowers
-    it, a later deadline is left alone (so the renewal tick's touches stay one round trip), and
-    `find_stale_in_flight` rescores what it verifies.
+    The stale index member names one reservation instance (session, key, turn) and scores a
+    lower bound of its stale deadline: creation writes it, whatever moves the deadline earlier
+    lowers it, a later deadline is left alone (so the renewal tick's touches stay one round
+    trip), and `find_stale_in_flight` rescores what it verifies.
+
+    The holder index (`Keys.holder_reservations`, same members) lists the instances a holder
+    may hold IN_FLIGHT, for `expire_holder`. Its writes ride in the pipeline of the stale-index
+    command each operation already sends after its script, so no round trip is added: creation
+    and `acquire_holder` add, `release_holder`, `mark_done`, `compare_and_reset` and
+    `discard_reservation` remove. It is a superset kept honest by `expire_holder`, which checks
+    each member against its hash and drops dead ones.
     """
 
     async def put_if_absent(
@@ -335,8 +414,13 @@ class RedisIdempotencyStore(_Role):
         )
         if not int(created):
             return _reservation(session_id, key, detail)
-        await self._client.zadd(
-            self._keys.stale_index, {reservation_member(session_id, key, turn_id): float(detail)}
+        member = reservation_member(session_id, key, turn_id)
+        await run_batch(
+            self._client,
+            [
+                Call(None, ["ZADD", self._keys.stale_index, detail, member]),
+                Call(None, ["SADD", self._keys.holder_reservations(holder), member]),
+            ],
         )
         return None
 
@@ -371,7 +455,7 @@ class RedisIdempotencyStore(_Role):
         )
         if not int(reply[0]):
             return HolderTakeover.REJECTED
-        await self._lower(session_id, key, reply)
+        await self._lower(session_id, key, reply, "SADD", holder)
         return HolderTakeover.WON
 
     async def release_holder(
@@ -383,14 +467,23 @@ class RedisIdempotencyStore(_Role):
         )
         if not int(reply[0]):
             return False
-        await self._lower(session_id, key, reply)
+        await self._lower(session_id, key, reply, "SREM", holder)
         return True
 
-    async def _lower(self, session_id: str, key: str, reply: Sequence[Any]) -> None:
+    async def _lower(
+        self, session_id: str, key: str, reply: Sequence[Any], holder_op: str, holder: str
+    ) -> None:
         """Lower the index score to a new deadline ({1, turn, deadline} reply) if it is earlier,
-        so the score stays a lower bound (a later deadline is left to the scan)."""
+        so the score stays a lower bound (a later deadline is left to the scan); in the same
+        pipeline, add the instance to (SADD) or remove it from (SREM) the holder's index."""
         member = reservation_member(session_id, key, _text(reply[1]))
-        await self._client.zadd(self._keys.stale_index, {member: float(reply[2])}, lt=True)
+        await run_batch(
+            self._client,
+            [
+                Call(None, ["ZADD", self._keys.stale_index, "LT", reply[2], member]),
+                Call(None, [holder_op, self._keys.holder_reservations(holder), member]),
+            ],
+        )
 
     async def mark_done(
         self, session_id: str, key: str, holder: str, outcome: Outcome, primary_ttl: float
@@ -404,7 +497,7 @@ class RedisIdempotencyStore(_Role):
         )
         if not reply:
             return False
-        await self._unindex(session_id, key, outcome.turn_id)
+        await self._unindex(session_id, key, outcome.turn_id, holder)
         return True
 
     async def compare_and_reset(
@@ -421,7 +514,7 @@ class RedisIdempotencyStore(_Role):
         )
         if not int(reply[0]):
             return False
-        await self._unindex(session_id, key, _text(reply[1]))
+        await self._unindex(session_id, key, _text(reply[1]), expected_holder)
         return True
 
     async def discard_reservation(self, session_id: str, key: str, turn_id: str) -> bool:
@@ -429,16 +522,19 @@ class RedisIdempotencyStore(_Role):
         reply = await self._scripts.idem_discard(
             keys=[self._keys.reservation(session_id, key)], args=[turn_id]
         )
-        if not reply:
+        if not int(reply[0]):
             return False
-        await self._unindex(session_id, key, turn_id)
+        await self._unindex(session_id, key, turn_id, _text(reply[1]) or None)
         return True
 
-    async def _unindex(self, session_id: str, key: str, turn_id: str) -> None:
-        """Drop a finished instance from the stale index (the scan drops it if this is lost)."""
-        await self._client.zrem(
-            self._keys.stale_index, reservation_member(session_id, key, turn_id)
-        )
+    async def _unindex(self, session_id: str, key: str, turn_id: str, holder: str | None) -> None:
+        """Drop a finished instance from the stale index and, in the same pipeline, from its
+        holder's index (the scans drop it if this is lost)."""
+        member = reservation_member(session_id, key, turn_id)
+        calls = [Call(None, ["ZREM", self._keys.stale_index, member])]
+        if holder is not None:
+            calls.append(Call(None, ["SREM", self._keys.holder_reservations(holder), member]))
+        await run_batch(self._client, calls)
 
     async def find_stale_in_flight(self, limit: int) -> list[Reservation]:
         """Up to `limit` IN_FLIGHT reservations past their staleness deadline, oldest first.
@@ -493,6 +589,49 @@ class RedisIdempotencyStore(_Role):
                 break
         ordered = sorted(found.values(), key=lambda item: item[0])
         return [reservation for _, reservation in ordered[:limit]]
+
+    async def expire_holder(self, holder: str) -> int:
+        """Move the staleness deadline of each IN_FLIGHT reservation of `holder` not yet stale to
+        just before now (server clock); return how many moved.
+
+        Round trips: one to read the holder index, then two per `_SCAN_BATCH` members: the
+        verifying scripts, then one pipeline lowering the stale-index scores (so the sweep sees
+        them at once; already stale ones are lowered too, which heals a lost write) and dropping
+        dead members from the holder index.
+        """
+        keys, scripts = self._keys, self._scripts
+        index = keys.holder_reservations(holder)
+        members = sorted(_text(member) for member in await self._client.smembers(index))
+        expired = 0
+        for start in range(0, len(members), _SCAN_BATCH):
+            dead: list[str] = []
+            checked: list[tuple[str, Call]] = []
+            for member in members[start : start + _SCAN_BATCH]:
+                try:
+                    session_id, key, turn_id = parse_reservation_member(member)
+                    reservation_key = keys.reservation(session_id, key)
+                except ValueError:
+                    dead.append(member)
+                    continue
+                checked.append(
+                    (member, Call(scripts.idem_expire, [reservation_key], [holder, turn_id]))
+                )
+            replies = await run_batch(self._client, [call for _, call in checked])
+            lowered: list[Any] = []
+            for (member, _), reply in zip(checked, replies, strict=True):
+                if not int(reply[0]):
+                    dead.append(member)
+                    continue
+                if int(reply[0]) == 1:
+                    expired += 1
+                lowered.extend((reply[1], member))
+            repairs: list[Call] = []
+            if lowered:
+                repairs.append(Call(None, ["ZADD", keys.stale_index, "LT", *lowered]))
+            if dead:
+                repairs.append(Call(None, ["SREM", index, *dead]))
+            await run_batch(self._client, repairs)
+        return expired
 
     async def find(self, session_id: str, key: str) -> Reservation | None:
         """The reservation, or None when missing or past its primary TTL."""
