@@ -1,0 +1,219 @@
+"""The NodeRouter Ray actor: one SessionRouter over Redis per Ray node.
+
+Its node id is `"<ray node id hex>/<incarnation>"`: a router that comes back on the same Ray node
+is a new incarnation, so nothing it finds in Redis is mistaken for its own. With fast failover on,
+each router keeps one never-returning call pending on every peer router; Ray fails that call
+with `ActorDiedError` moments after the peer dies, and the router then revokes the dead peer's
+leases and reservations at once (fencing keeps that safe) instead of waiting for TTLs.
+`ActorUnavailableError` is transient (a slow or restarting node): the watch is simply re-armed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+from .._config import DeploymentMode, RouterConfig
+from .._events import Event
+from .._types import SubmitRequest, TurnResult
+from ..node import NodeService, load_opener
+from ..router import ClusterSessionStatus, SessionRouter
+
+log = logging.getLogger("stickless.ray")
+
+#: Prefix of router actor names; the rest is the Ray node id (hex).
+ROUTER_PREFIX = "stickless-router-"
+
+
+@dataclass(frozen=True, slots=True)
+class RouterTicket:
+    """What `submit` returns: where the turn runs and how to fetch its result."""
+
+    kind: str
+    turn_id: str
+    node_id: str
+    session_id: str
+
+
+class NodeRouter:
+    """Hosts one SessionRouter on this Ray node; application code calls its actor handle."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        opener: str,
+        namespace: str,
+        config_overrides: Mapping[str, Any],
+        fast_failover: bool = True,
+        peer_scan_interval: float = 1.0,
+    ) -> None:
+        self.ray_node_id: str = ray.get_runtime_context().get_node_id()
+        self.node_id = f"{self.ray_node_id}/{uuid.uuid4().hex[:8]}"
+        self._redis_url = redis_url
+        self._opener = opener
+        self._namespace = namespace
+        self._overrides = dict(config_overrides)
+        self._fast_failover = fast_failover
+        self._peer_scan_interval = peer_scan_interval
+        self._service: NodeService | None = None
+        self._starting: asyncio.Lock | None = None
+        self._watched: dict[str, asyncio.Task[None]] = {}
+        self._scanner: asyncio.Task[None] | None = None
+        #: Seconds from a peer's death notice to its leases being revoked, per peer node id.
+        self.failovers: dict[str, float] = {}
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> str:
+        """Build and start the router (idempotent); returns this router's node id."""
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self._service is None:
+                from ..backends.redis import RedisBackends
+
+                config = RouterConfig(
+                    node_id=self.node_id, mode=DeploymentMode.DISTRIBUTED, **self._overrides
+                )
+                backends = RedisBackends.from_url(self._redis_url, namespace=self._namespace)
+                router = SessionRouter.build(
+                    config=config, opener=load_opener(self._opener), backends=backends
+                )
+                await router.start()
+                self._service = NodeService(router)
+                if self._fast_failover:
+                    self._scanner = asyncio.get_running_loop().create_task(self._scan_peers())
+        return self.node_id
+
+    async def aclose(self, grace: float = 5.0) -> None:
+        """Graceful shutdown of the hosted router (its sessions move to other routers)."""
+        if self._scanner is not None:
+            self._scanner.cancel()
+        for task in self._watched.values():
+            task.cancel()
+        if self._service is not None:
+            await self._service.aclose(grace=grace)
+            await self._service.router.backends.aclose()
+
+    def _svc(self) -> NodeService:
+        if self._service is None:
+            raise RuntimeError("NodeRouter.start() has not completed")
+        return self._service
+
+    # ------------------------------------------------------------ application API
+
+    async def ping(self) -> dict[str, str]:
+        return {"node_id": self.node_id, "ray_node_id": self.ray_node_id}
+
+    async def submit(self, request: SubmitRequest | Mapping[str, Any]) -> RouterTicket:
+        """Submit a turn; returns a ticket (kind, turn_id, node_id) for `result`."""
+        payload = (
+            request.model_dump(mode="python") if isinstance(request, SubmitRequest) else request
+        )
+        ticket = await self._svc().submit(payload)
+        return RouterTicket(
+            kind=str(ticket["kind"]),
+            turn_id=str(ticket["turn_id"]),
+            node_id=str(ticket["node_id"]),
+            session_id=str(ticket["session_id"]),
+        )
+
+    async def result(self, turn_id: str) -> TurnResult:
+        """Await a turn submitted on this router (raises TurnFailedError when it failed)."""
+        return TurnResult.model_validate(await self._svc().result(turn_id))
+
+    async def run(self, request: SubmitRequest | Mapping[str, Any]) -> TurnResult:
+        """Submit and await the result."""
+        ticket = await self.submit(request)
+        return await self.result(ticket.turn_id)
+
+    async def events(
+        self, session_id: str, after: str | None = None, turn_id: str | None = None
+    ) -> AsyncIterator[Event]:
+        """Stream the session's frames (a Ray streaming generator; `after=` resumes)."""
+        stream = self._svc().router.events(session_id, turn_id=turn_id, after=after)
+        try:
+            await stream.ready()
+            async for event in stream:
+                yield event
+        finally:
+            await stream.aclose()
+
+    async def interrupt(
+        self, session_id: str, reason: str = "USER", turn_id: str | None = None
+    ) -> None:
+        await self._svc().interrupt(session_id, reason=reason, turn_id=turn_id)
+
+    async def release_session(self, session_id: str) -> None:
+        await self._svc().release_session(session_id)
+
+    async def delete_session(self, session_id: str) -> None:
+        await self._svc().delete_session(session_id)
+
+    async def status(self, session_id: str) -> ClusterSessionStatus:
+        return await self._svc().router.status(session_id)
+
+    # ------------------------------------------------------------ failure detection
+
+    async def watch(self) -> None:
+        """Never returns: peers keep one call pending here to learn at once that we died."""
+        await asyncio.Event().wait()
+
+    async def peer_lost(self, node_id: str) -> list[str]:
+        """Revoke a dead peer's leases and reservations now; returns the revoked sessions."""
+        return await self._svc().router.peer_lost(node_id)
+
+    async def failover_times(self) -> dict[str, float]:
+        return dict(self.failovers)
+
+    async def _scan_peers(self) -> None:
+        own = ROUTER_PREFIX + self.ray_node_id
+        while True:
+            try:
+                names = [
+                    entry["name"]
+                    for entry in ray.util.list_named_actors(all_namespaces=True)
+                    if entry.get("namespace") == self._namespace
+                    and str(entry.get("name", "")).startswith(ROUTER_PREFIX)
+                    and entry["name"] != own
+                ]
+            except Exception as exc:
+                log.warning("listing peer routers failed: %s", exc)
+                names = []
+            for name in names:
+                if name not in self._watched:
+                    self._watched[name] = asyncio.get_running_loop().create_task(
+                        self._watch_peer(name)
+                    )
+            await asyncio.sleep(self._peer_scan_interval)
+
+    async def _watch_peer(self, name: str) -> None:
+        try:
+            handle = ray.get_actor(name, namespace=self._namespace)
+            peer = await handle.ping.remote()
+            peer_node = str(peer["node_id"])
+            while True:
+                try:
+                    await handle.watch.remote()
+                except ActorUnavailableError:
+                    await asyncio.sleep(0.5)  # transient: the peer may still be alive
+                    continue
+                except ActorDiedError:
+                    started = asyncio.get_running_loop().time()
+                    revoked = await self._svc().router.peer_lost(peer_node)
+                    self.failovers[peer_node] = asyncio.get_running_loop().time() - started
+                    log.warning("peer %s died; revoked %d lease(s)", peer_node, len(revoked))
+                    return
+        except ActorDiedError:
+            return  # died before we could watch it; TTLs cover it
+        except Exception as exc:
+            log.warning("watching %s failed: %s", name, exc)
+        finally:
+            self._watched.pop(name, None)
