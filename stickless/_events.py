@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, TypeAdapter
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    TypeAdapter,
+    field_validator,
+)
 
 from ._errors import FailureCode
 from ._types import PrimitiveMap
@@ -65,6 +73,12 @@ class TurnFailed(_Frame):
     type: Literal["turn_failed"] = "turn_failed"
     code: FailureCode = FailureCode.FAILED
     message: StrictStr = ""
+
+    @field_validator("code", mode="before")
+    @classmethod
+    def _known_code(cls, value: object) -> object:
+        # A code from a newer node degrades to FAILED instead of dropping the frame.
+        return FailureCode.parse(value) if isinstance(value, str) else value
 
 
 class Interrupted(_Frame):

@@ -286,3 +286,17 @@ async def test_status_from_another_node_shows_the_running_turn(
     await wait_until(idle_seen)
     unknown = await b.status("never-seen")
     assert unknown.state is SessionState.UNHELD and unknown.holder is None
+
+
+async def test_unknown_signal_kinds_are_dropped_without_harm(cluster: LocalCluster) -> None:
+    from stickless.wire import Signal
+
+    a, b, _ = cluster.nodes
+    await (await a.submit(req("s1", "before"))).result
+    # When a newer node broadcasts a kind this version does not know
+    await cluster.backends.signals.publish(
+        Signal(kind="FROM_THE_FUTURE", session_id="s1", origin="newer-node", payload={"x": 1})
+    )
+    # Then every node keeps handling signals: a forwarded turn still completes
+    result = await (await b.submit(req("s1", "after"))).result
+    assert result.executed_by == a.node_id

@@ -155,3 +155,13 @@ def test_distributed_mode_refuses_memory_backends(journal: Journal) -> None:
         SessionRouter.build(
             config=config, opener=ScriptedOpener(journal), backends=MemoryBackends()
         )
+
+
+def test_event_frames_with_unknown_failure_codes_degrade_to_failed() -> None:
+    from stickless.wire import event_from_payload
+
+    frame = event_from_payload(
+        {"type": "turn_failed", "session_id": "s", "turn_id": "t", "seq": 3, "code": "NEWER"}
+    )
+    assert frame.type == "turn_failed"
+    assert frame.code is FailureCode.FAILED  # type: ignore[union-attr]
