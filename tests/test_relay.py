@@ -88,3 +88,36 @@ async def test_relay_stamps_frames_and_never_blocks_the_producer() -> None:
     # Frames emitted after the terminal one are refused and counted
     relay.emit(TextDelta(text="late"))
     assert relay.dropped == 100 + 2 - len(delivered)
+
+
+async def test_relay_drops_are_reported_to_metrics() -> None:
+    from stickless import SessionRouter, TurnOutput
+    from stickless._config import RouterConfig
+    from stickless.testing import CountingMetrics
+
+    class Chatty:
+        async def run_turn(self, turn):  # type: ignore[no-untyped-def]
+            for i in range(500):
+                turn.emit(ReasoningDelta(text=str(i)))  # far more than the queue holds
+            return TurnOutput(text="done")
+
+        async def interrupt(self, reason: str) -> None:
+            return None
+
+        async def aclose(self) -> None:
+            return None
+
+    metrics = CountingMetrics()
+    router = SessionRouter.build(
+        config=RouterConfig(relay_queue_size=8),
+        session_factory=lambda s, a: Chatty(),
+        metrics=metrics,
+    )
+    await router.start()
+    try:
+        disp = await router.submit({"session_id": "s1", "agent_ref": "bot", "input": "go"})
+        assert (await disp.result).text == "done"
+    finally:
+        await router.aclose()
+    dropped = [args for hook, args in metrics.calls if hook == "on_events_dropped"]
+    assert len(dropped) == 1 and dropped[0][0] == "s1" and dropped[0][1] > 0

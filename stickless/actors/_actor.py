@@ -76,6 +76,8 @@ class ActorHost(Protocol):
 
     def holds_lease(self, session_id: str, token: int) -> bool: ...
 
+    def events_dropped(self, session_id: str, count: int) -> None: ...
+
     def actor_state_changed(self, actor: SessionActor) -> None: ...
 
 
@@ -399,6 +401,8 @@ class SessionActor:
             raise
         outcome, terminal = await self._conclude(running, task)
         await relay.finish(terminal, flush_timeout=host.config.release_interrupt_timeout)
+        if relay.dropped:
+            host.events_dropped(self.session_id, relay.dropped)
         self.running = None
         self.last_active = asyncio.get_running_loop().time()
         host.actor_state_changed(self)

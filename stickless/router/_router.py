@@ -722,6 +722,9 @@ class SessionRouter:
     def holds_lease(self, session_id: str, token: int) -> bool:
         return self._renewer.holds(session_id, token)
 
+    def events_dropped(self, session_id: str, count: int) -> None:
+        self._metrics.emit("on_events_dropped", session_id, count)
+
     def actor_state_changed(self, actor: SessionActor) -> None:
         if self._closed or self._actors.get(actor.session_id) is not actor:
             return
