@@ -217,9 +217,28 @@ def encode_event(event: Event) -> bytes:
     return pack(event.model_dump(mode="json", exclude={"event_id"}))
 
 
-def event_to_payload(event: Event) -> dict[str, Any]:
-    """An event frame as a flat payload map."""
-    return event.model_dump(mode="json")
+def frames_to_payload(frames: list[Event], event_ids: list[str] | None) -> dict[str, Any]:
+    """Payload of one EVENT signal carrying a batch of frames (one publish per relay batch)."""
+    dumped = [frame.model_dump(mode="json") for frame in frames]
+    if event_ids is not None:
+        for raw, event_id in zip(dumped, event_ids, strict=True):
+            raw["event_id"] = event_id
+    return {"frames": dumped}
+
+
+def frames_from_payload(payload: dict[str, Any]) -> tuple[list[Event], int]:
+    """The frames of an EVENT signal, and how many were unreadable (skipped one by one)."""
+    raw_frames = payload.get("frames")
+    if not isinstance(raw_frames, list):
+        return [], 1
+    frames: list[Event] = []
+    unreadable = 0
+    for raw in raw_frames:
+        try:
+            frames.append(event_from_payload(raw))
+        except WireError:
+            unreadable += 1
+    return frames, unreadable
 
 
 def event_from_payload(payload: Any) -> Event:

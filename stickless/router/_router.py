@@ -57,8 +57,8 @@ from ..wire import (
     TurnResultPayload,
     WireError,
     YieldPayload,
-    event_from_payload,
-    event_to_payload,
+    frames_from_payload,
+    frames_to_payload,
 )
 from ._api import ClusterSessionStatus, SessionState, SubmitDisposition, SubmitKind
 from ._renewal import LeaseRenewer
@@ -599,27 +599,29 @@ class SessionRouter:
         return await self._opener.open(session_id, agent_ref, attributes)
 
     async def deliver_frames(self, session_id: str, frames: Sequence[Event]) -> None:
-        """Log the frames (assigning event ids), fan out locally, then publish on the rail."""
-        stamped = list(frames)
+        """Log a batch of frames (assigning event ids), fan out locally, then publish the whole
+        batch on the rail as one signal."""
+        batch = list(frames)
+        ids: list[str] | None = None
         try:
-            ids = await self._backends.events.append(session_id, stamped)
-            stamped = [
-                f.model_copy(update={"event_id": i}) for f, i in zip(stamped, ids, strict=True)
-            ]
+            ids = await self._backends.events.append(session_id, batch)
         except Exception as exc:
             log.warning("event log append failed for %s: %s", session_id, exc)
-        self._hub.fan_out(session_id, stamped)
-        signals = [
-            Signal(
-                kind=SignalKind.EVENT.value,
-                session_id=session_id,
-                origin=self._node_id,
-                payload=event_to_payload(frame),
-            )
-            for frame in stamped
-        ]
+        if self._hub.has(session_id):
+            local = batch
+            if ids is not None:
+                local = [
+                    f.model_copy(update={"event_id": i}) for f, i in zip(batch, ids, strict=True)
+                ]
+            self._hub.fan_out(session_id, local)
+        signal = Signal(
+            kind=SignalKind.EVENT.value,
+            session_id=session_id,
+            origin=self._node_id,
+            payload=frames_to_payload(batch, ids),
+        )
         try:
-            await self._backends.signals.publish_many(signals)
+            await self._backends.signals.publish(signal)
         except Exception as exc:
             log.warning("event rail publish failed for %s: %s", session_id, exc)
 
@@ -1079,12 +1081,10 @@ class SessionRouter:
     async def _on_event_signal(self, signal: Signal) -> None:
         if signal.origin == self._node_id or signal.known_kind() is not SignalKind.EVENT:
             return
-        try:
-            frame = event_from_payload(signal.payload)
-        except WireError as exc:
-            log.warning("dropping event frame from %s: %s", signal.origin, exc)
-            return
-        self._hub.fan_out(signal.session_id, [frame])
+        frames, unreadable = frames_from_payload(signal.payload)
+        if unreadable:
+            log.warning("dropped %d unreadable event frame(s) from %s", unreadable, signal.origin)
+        self._hub.fan_out(signal.session_id, frames)
 
     async def _on_doorbell(self, session_id: str, held_by: str | None) -> None:
         """F3: the holder drains; when nobody holds the session, whoever claims it drains."""
