@@ -89,6 +89,10 @@ class RecordStore(Protocol):
         """The record, or None when the session has none."""
         ...
 
+    async def binding(self, session_id: str) -> str | None:
+        """The agent the session is bound to (None without a record); reads no transcript."""
+        ...
+
     async def provision(self, session_id: str, agent_ref: str, token: int) -> str:
         """Create the record bound to `agent_ref` if missing, raise its fence to `token`, and
         return the agent the session is bound to (which may differ from `agent_ref`).

@@ -354,11 +354,10 @@ class SessionRouter:
     ) -> SubmitDisposition:
         session_id = req.session_id
         # F1: binding pre-check; a request bound to fail reserves nothing.
-        record = await self._io(self._backends.records.load(session_id))
-        if record is not None and record.agent_ref != req.agent_ref:
+        bound = await self._io(self._backends.records.binding(session_id))
+        if bound is not None and bound != req.agent_ref:
             raise ConflictingAgentError(
-                f"session {session_id} is bound to agent {record.agent_ref!r}, "
-                f"not {req.agent_ref!r}"
+                f"session {session_id} is bound to agent {bound!r}, not {req.agent_ref!r}"
             )
         # F2: idempotency (§9.2).
         key = (

@@ -118,3 +118,19 @@ async def test_delete_missing_record_is_a_no_op(backends: Backends) -> None:
     await backends.records.delete("other")
     # Then nothing else changed
     assert await backends.records.load("s1") == RecordView("s1", "agent-a", 1)
+
+
+async def test_binding_names_the_bound_agent_without_reading_the_transcript(
+    backends: Backends,
+) -> None:
+    records = backends.records
+    # Given no record, then a record bound to agent-a with entries
+    assert await records.binding("s1") is None
+    await records.provision("s1", "agent-a", 1)
+    await records.commit("s1", 1, "turn-1", [_entry("hello")])
+    # When another agent provisions, the binding does not change
+    await records.provision("s1", "agent-b", 2)
+    # Then binding answers the first agent, and none after delete
+    assert await records.binding("s1") == "agent-a"
+    await records.delete("s1")
+    assert await records.binding("s1") is None

@@ -139,6 +139,12 @@ class MemoryRecordStore:
         entries = tuple(CommittedEntry.model_validate(unpack(data)) for data in packed)
         return RecordView(session_id, agent_ref, fence, entries)
 
+    async def binding(self, session_id: str) -> str | None:
+        """The bound agent, or None without a record."""
+        with self._link.open() as state:
+            row = state.records.get(session_id)
+            return None if row is None else row.agent_ref
+
     async def provision(self, session_id: str, agent_ref: str, token: int) -> str:
         """Create the record if missing, raise its fence to `token`, return the bound agent."""
         with self._link.open() as state:

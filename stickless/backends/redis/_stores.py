@@ -208,6 +208,11 @@ class RedisRecordStore(_Role):
         entries = tuple(CommittedEntry.model_validate(unpack(data)) for data in packed)
         return RecordView(session_id, _text(agent), int(fence), entries)
 
+    async def binding(self, session_id: str) -> str | None:
+        """The bound agent, or None without a record (one HGET, no transcript)."""
+        agent = await self._client.hget(self._keys.record(session_id), "agent")
+        return None if agent is None else _text(agent)
+
     async def provision(self, session_id: str, agent_ref: str, token: int) -> str:
         """Create the record if missing, raise its fence to `token`, return the bound agent."""
         reply = await self._scripts.record_provision(
