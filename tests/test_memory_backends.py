@@ -93,7 +93,7 @@ EVERY_OPERATION: dict[str, Operation] = {
     "idempotency.touch_many": lambda b: b.idempotency.touch_many(
         [ReservationRef("s1", "k", "node-a")], 1.0
     ),
-    "idempotency.acquire_holder": lambda b: b.idempotency.acquire_holder("s1", "k", "n", 1.0),
+    "idempotency.acquire_holder": lambda b: b.idempotency.acquire_holder("s1", "k", "t", "n", 1.0),
     "idempotency.release_holder": lambda b: b.idempotency.release_holder("s1", "k", "n", 1.0),
     "idempotency.mark_done": lambda b: b.idempotency.mark_done("s1", "k", "n", _OK, 1.0),
     "idempotency.compare_and_reset": lambda b: b.idempotency.compare_and_reset(

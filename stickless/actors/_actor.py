@@ -76,6 +76,8 @@ class ActorHost(Protocol):
 
     def holds_lease(self, session_id: str, token: int) -> bool: ...
 
+    def lease_lost(self, actor: SessionActor) -> None: ...
+
     def events_dropped(self, session_id: str, count: int) -> None: ...
 
     def actor_state_changed(self, actor: SessionActor) -> None: ...
@@ -172,9 +174,14 @@ class SessionActor:
         self._spawn(self._escalate_interrupt(running, reason))
         return True
 
-    def drop_lease(self) -> None:
-        """Forget the lease at once (renewal failed): the next fenced commit is refused locally."""
+    def lose_lease(self) -> None:
+        """Forget the lease at once (renewal failed or a write was fenced out): no further turn
+        starts here, the next fenced commit is refused locally, and the host is told once so it
+        hands queued work back to the inbox."""
+        if self.lease is None:
+            return
         self.lease = None
+        self._host.lease_lost(self)
 
     async def stop(self, reason: StopReason) -> list[TurnWork]:
         """Stop accepting, end the running turn (interrupt, then cancel after the timeout), close
@@ -219,7 +226,7 @@ class SessionActor:
 
     async def _loop(self) -> None:
         try:
-            while self.accepting:
+            while self.accepting and self.lease is not None:
                 self._rung = False
                 await self._collect(Priority.LATER)  # always collect before a turn (orphans)
                 if not self._mailbox:
@@ -313,9 +320,7 @@ class SessionActor:
         """Provision the record under this lease once; False when the message was answered."""
         lease = self.lease
         if lease is None:
-            await self._host.complete(
-                work, _failure(work, FailureCode.LEASE_LOST, "lease lost", self._host.node_id)
-            )
+            self._put_back(work)  # handed back to the inbox when the host gives the session up
             return False
         if not self._provisioned:
             try:
@@ -323,10 +328,8 @@ class SessionActor:
                     self.session_id, work.agent_ref, lease.token
                 )
             except FencedOut:
-                self.drop_lease()
-                await self._host.complete(
-                    work, _failure(work, FailureCode.LEASE_LOST, "fenced out", self._host.node_id)
-                )
+                self._put_back(work)
+                self.lose_lease()
                 return False
             except Exception as exc:
                 await self._host.complete(
@@ -339,6 +342,9 @@ class SessionActor:
             await self._reject(work)
             return False
         return True
+
+    def _put_back(self, work: TurnWork) -> None:
+        heapq.heappush(self._mailbox, (work.sort_key, work))
 
     async def _ensure_handle(self, work: TurnWork) -> LiveSession | None:
         if self._handle is not None:
@@ -432,14 +438,14 @@ class SessionActor:
         if staged:
             lease = self.lease
             if lease is None or not self._host.holds_lease(self.session_id, lease.token):
-                self.drop_lease()
+                self.lose_lease()
                 return _failed(work, FailureCode.LEASE_LOST, "lease lost before commit", node)
             try:
                 await self._host.backends.records.commit(
                     self.session_id, lease.token, work.turn_id, staged
                 )
             except FencedOut:
-                self.drop_lease()
+                self.lose_lease()
                 return _failed(work, FailureCode.LEASE_LOST, "commit fenced out", node)
             except Exception as exc:
                 return _failed(work, FailureCode.FAILED, f"commit failed: {exc}", node)

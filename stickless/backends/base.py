@@ -268,10 +268,11 @@ class IdempotencyStore(Protocol):
         ...
 
     async def acquire_holder(
-        self, session_id: str, key: str, holder: str, secondary_ttl: float
+        self, session_id: str, key: str, turn_id: str, holder: str, secondary_ttl: float
     ) -> HolderTakeover:
-        """Take over a holderless IN_FLIGHT reservation (REJECTED otherwise); raising means the
-        outcome is unknown."""
+        """Take over a holderless IN_FLIGHT reservation made for `turn_id` (REJECTED otherwise,
+        e.g. when a newer attempt with the same key owns it); raising means the outcome is
+        unknown."""
         ...
 
     async def release_holder(

@@ -96,7 +96,11 @@ class NodeClient:
         request_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._calls[request_id] = future
-        await self._send({"id": request_id, "op": op, "args": args})
+        try:
+            await self._send({"id": request_id, "op": op, "args": args})
+        except BaseException:
+            self._calls.pop(request_id, None)
+            raise
         return await future
 
     async def submit(self, request: SubmitRequest | Mapping[str, Any]) -> dict[str, Any]:

@@ -31,6 +31,7 @@ class NodeServer:
         self._port = port
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
         self.shutdown_requested = asyncio.Event()
 
     async def start(self) -> int:
@@ -40,10 +41,11 @@ class NodeServer:
         return port
 
     async def aclose(self) -> None:
+        """Stop listening and close every connection (their pending requests are cancelled)."""
         if self._server is not None:
             self._server.close()
-        for task in list(self._connections):
-            task.cancel()
+        for writer in list(self._writers):
+            writer.close()
         if self._connections:
             await asyncio.wait(self._connections, timeout=2)
 
@@ -51,6 +53,7 @@ class NodeServer:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        self._writers.add(writer)
         lock = asyncio.Lock()
         running: dict[int, asyncio.Task[None]] = {}
 
@@ -89,6 +92,7 @@ class NodeServer:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
             self._connections.discard(task)
+            self._writers.discard(writer)
 
     async def _dispatch(
         self,

@@ -121,14 +121,18 @@ class LeaseRenewer:
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
+        loop.set_exception_handler(_log_without_traceback)
         try:
             while not self._stop.wait(self._interval):
                 if self._paused.is_set():
                     continue
                 try:
                     loop.run_until_complete(self.tick())
-                except Exception:
-                    log.exception("renewal tick failed on %s", self._node_id)
+                except Exception as exc:
+                    # No traceback formatting on this thread: CPython 3.11 builds ASTs for
+                    # traceback carets, and concurrent AST construction across threads can
+                    # crash the interpreter's recursion bookkeeping (cpython#106905).
+                    log.warning("renewal tick failed on %s: %r", self._node_id, exc)
         finally:
             loop.run_until_complete(self._close_backends())
             loop.close()
@@ -136,8 +140,8 @@ class LeaseRenewer:
     async def _close_backends(self) -> None:
         try:
             await self._backends.aclose()
-        except Exception:
-            log.exception("closing the renewal connections failed")
+        except Exception as exc:
+            log.warning("closing the renewal connections failed: %r", exc)
 
     async def tick(self) -> None:
         """Renew every lease and touch every owned reservation (one round trip per role)."""
@@ -196,3 +200,8 @@ class LeaseRenewer:
                 del self._leases[lease.session_id]
                 self._renewed_at.pop(lease.session_id, None)
             self._on_lost(lease.session_id, lease.token)
+
+
+def _log_without_traceback(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+    """Event-loop errors on the renewal thread, logged without formatting a traceback."""
+    log.warning("renewal loop: %s (%r)", context.get("message"), context.get("exception"))

@@ -126,6 +126,8 @@ class SessionRouter:
         self._locks = _KeyedLocks()
         self._waiters: dict[str, list[tuple[asyncio.Future[TurnResult], str]]] = {}
         self._forwards: dict[str, _Forward] = {}
+        #: Reservations of this node's refused submits whose removal is still being retried.
+        self._refused: dict[tuple[str, str], str] = {}
         self._renewer = LeaseRenewer(
             backends.clone(),
             self._node_id,
@@ -368,17 +370,21 @@ class SessionRouter:
         input_hash = req.input_hash()
         primary = self._primary_ttl(key)
         for _ in range(3):
-            existing = await self._io(
-                self._backends.idempotency.put_if_absent(
-                    session_id,
-                    key,
-                    turn_id,
-                    input_hash,
-                    self._node_id,
-                    self._config.idempotency_secondary_ttl,
-                    primary,
+            try:
+                existing = await self._io(
+                    self._backends.idempotency.put_if_absent(
+                        session_id,
+                        key,
+                        turn_id,
+                        input_hash,
+                        self._node_id,
+                        self._config.idempotency_secondary_ttl,
+                        primary,
+                    )
                 )
-            )
+            except BackendUnavailableError:
+                await self._discard(session_id, key, turn_id)  # it may have been written
+                raise
             if existing is None:
                 break
             if existing.input_hash != input_hash:
@@ -390,6 +396,15 @@ class SessionRouter:
             if existing.stale:
                 await self._reset_stale(existing)
                 continue
+            if self._refused.get((session_id, key)) == existing.turn_id:
+                # A ghost of this node's own refused submit: drop it now the store answers.
+                await self._io(
+                    self._backends.idempotency.discard_reservation(
+                        session_id, key, existing.turn_id
+                    )
+                )
+                self._refused.pop((session_id, key), None)
+                continue
             return await self._attach(req, existing, turn_id, future)
         else:
             raise BackendUnavailableError(f"idempotency key of {session_id} keeps changing")
@@ -397,10 +412,38 @@ class SessionRouter:
         try:
             return await self._place(work, future)
         except BaseException:
-            with contextlib.suppress(Exception):
-                await self._backends.idempotency.discard_reservation(session_id, key, turn_id)
-            self._renewer.disown(session_id, key)
+            await self._discard(session_id, key, turn_id)
             raise
+
+    async def _discard(self, session_id: str, key: str, turn_id: str) -> None:
+        """Drop a refused submit's reservation; retried in the background if the store is down,
+        so the client's retry with the same key runs instead of following a ghost (a retry on
+        this node drops the ghost itself; elsewhere a follower learns of it from the poll)."""
+        self._renewer.disown(session_id, key)
+        try:
+            await self._backends.idempotency.discard_reservation(session_id, key, turn_id)
+        except Exception:
+            self._refused[(session_id, key)] = turn_id
+            self._spawn(self._discard_later(session_id, key, turn_id), "discard-retry")
+
+    async def _discard_later(self, session_id: str, key: str, turn_id: str) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._config.forward_ttl
+        delay = 0.05
+        try:
+            while loop.time() < deadline:
+                await asyncio.sleep(delay)
+                try:
+                    await self._backends.idempotency.discard_reservation(
+                        session_id, key, turn_id
+                    )
+                except Exception:
+                    delay = min(delay * 2, 1.0)
+                else:
+                    return
+        finally:
+            if self._refused.get((session_id, key)) == turn_id:
+                del self._refused[(session_id, key)]
 
     def _primary_ttl(self, key: str) -> float:
         # Internal per-turn keys only need to outlive the pollers that may read them.
@@ -627,17 +670,22 @@ class SessionRouter:
     async def complete(self, work: TurnWork, outcome: Outcome) -> None:
         """F6: record the outcome (mark_done) first, then answer local callers and the rail.
 
+        When the store refuses the outcome because it already holds another one for this turn
+        (a holder-loss reset won the race), the stored answer is the one every caller gets.
         When the store cannot be reached the answer still goes out, and the outcome is recorded
         in the background: until then the reservation stays owned (touched by renewals), so it
         never looks abandoned and a retry never runs the turn a second time.
         """
-        recorded = True
         if work.takeover.owns:
             recorded = await self._mark_done(work, outcome)
-        if recorded:
-            self._renewer.disown(work.session_id, work.key)
+            if recorded is None:
+                self._spawn(self._record_later(work, outcome), "mark-done-retry")
+            else:
+                self._renewer.disown(work.session_id, work.key)
+                if recorded is False:
+                    outcome = await self._stored_outcome(work, outcome)
         else:
-            self._spawn(self._record_later(work, outcome), "mark-done-retry")
+            self._renewer.disown(work.session_id, work.key)
         self._resolve(outcome)
         await self._publish_quiet(
             SignalKind.TURN_RESULT,
@@ -645,20 +693,26 @@ class SessionRouter:
             TurnResultPayload(key=work.key, outcome=outcome).model_dump(mode="python"),
         )
 
-    async def _mark_done(self, work: TurnWork, outcome: Outcome) -> bool:
-        """True once the store answered (recorded, or refused because it is not ours)."""
+    async def _mark_done(self, work: TurnWork, outcome: Outcome) -> bool | None:
+        """True when recorded, False when the store refused (not ours), None when unknown."""
         try:
-            await self._backends.idempotency.mark_done(
+            return await self._backends.idempotency.mark_done(
                 work.session_id, work.key, self._node_id, outcome, self._primary_ttl(work.key)
             )
         except Exception as exc:
             log.warning("mark_done failed for %s/%s: %s", work.session_id, work.turn_id, exc)
-            return False
-        return True
+            return None
+
+    async def _stored_outcome(self, work: TurnWork, fallback: Outcome) -> Outcome:
+        """The outcome the store holds for this turn, if it holds one; else `fallback`."""
+        found = await self._quiet(self._backends.idempotency.find(work.session_id, work.key))
+        if found is not None and found.turn_id == work.turn_id and found.outcome is not None:
+            return found.outcome
+        return fallback
 
     async def _record_later(self, work: TurnWork, outcome: Outcome) -> None:
         delay = 0.05
-        while not await self._mark_done(work, outcome):
+        while await self._mark_done(work, outcome) is None:
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._config.idempotency_secondary_ttl / 3)
         self._renewer.disown(work.session_id, work.key)
@@ -666,14 +720,21 @@ class SessionRouter:
     async def take_over(self, message: InboundMessage) -> TurnWork | None:
         """F4: take over a collected message's reservation (won / rejected / unknown).
 
-        A rejected message still runs unless its reservation already holds an answer for it
-        (DONE, or FAILED e.g. by a holder-loss reset): then that answer is re-sent instead, so
-        a request its caller was already answered for never runs a second time.
+        Won or unknown: the message runs and this node records its outcome. Rejected: the store
+        says the reservation is not this message's to take. If it already holds an answer for
+        this turn, that answer is re-sent; if it names a newer attempt with the same key, or no
+        longer exists (its caller was answered: refused, timed out or superseded), the message
+        is answered without running, so no request runs after its caller got an answer. Only
+        a reservation of this very turn held by another node still runs it (seed §6.3D).
         """
         env = message.envelope
         try:
             result = await self._backends.idempotency.acquire_holder(
-                env.session_id, env.key, self._node_id, self._config.idempotency_secondary_ttl
+                env.session_id,
+                env.key,
+                env.turn_id,
+                self._node_id,
+                self._config.idempotency_secondary_ttl,
             )
             takeover = Takeover.WON if result is HolderTakeover.WON else Takeover.REJECTED
         except Exception as exc:
@@ -683,16 +744,30 @@ class SessionRouter:
             self._renewer.own(env.session_id, env.key)
             return TurnWork.from_envelope(env, takeover)
         self._metrics.emit("on_takeover_rejected", env.session_id, env.key)
-        found = await self._quiet(self._backends.idempotency.find(env.session_id, env.key))
-        if found is not None and found.turn_id == env.turn_id and found.outcome is not None:
-            self._resolve(found.outcome)
-            await self._publish_quiet(
-                SignalKind.TURN_RESULT,
-                env.session_id,
-                TurnResultPayload(key=env.key, outcome=found.outcome).model_dump(mode="python"),
+        try:
+            found = await self._backends.idempotency.find(env.session_id, env.key)
+        except Exception as exc:
+            log.warning("find for %s/%s failed: %s", env.session_id, env.key, exc)
+            return TurnWork.from_envelope(env, takeover)
+        if found is not None and found.turn_id == env.turn_id:
+            if found.outcome is None:
+                return TurnWork.from_envelope(env, takeover)  # held elsewhere: run (seed)
+            answer = found.outcome
+        else:
+            answer = Outcome(
+                turn_id=env.turn_id,
+                ok=False,
+                executed_by=self._node_id,
+                code=FailureCode.FAILED.value,
+                message="not run: its reservation was superseded or its caller already answered",
             )
-            return None
-        return TurnWork.from_envelope(env, takeover)
+        self._resolve(answer)
+        await self._publish_quiet(
+            SignalKind.TURN_RESULT,
+            env.session_id,
+            TurnResultPayload(key=env.key, outcome=answer).model_dump(mode="python"),
+        )
+        return None
 
     async def answer_unreadable(self, session_id: str, entry: UnreadableEntry) -> None:
         """Answer the submitter of an undecodable inbox entry at once with UNREADABLE."""
@@ -849,14 +924,37 @@ class SessionRouter:
 
     def _apply_evict(self, session_id: str, token: int) -> None:
         """Node-local consequences of an EVICT: fail forwards, finish subscribers, drop status."""
-        for turn_id, forward in list(self._forwards.items()):
+        for forward in list(self._forwards.values()):
             if forward.session_id == session_id and forward.token <= token:
-                self._fail_turn(turn_id, FailureCode.EVICTED, f"session {session_id} was evicted")
+                self._spawn(self._settle_evicted_forward(forward), "evicted-forward")
         self._hub.finish_session(session_id)
         self._projection.pop(session_id, None)
         self._projection_received.pop(session_id, None)
         for waiter in self._evict_waiters.pop(session_id, []):
             waiter.set()
+
+    async def _settle_evicted_forward(self, forward: _Forward) -> None:
+        """Answer a forward of an evicted session EVICTED only once its message can no longer
+        run: a message delivered after the purge must not run under the next lease while its
+        caller was told it was evicted. Otherwise follow what the store says."""
+        evicted = Outcome(
+            turn_id=forward.turn_id,
+            ok=False,
+            executed_by=self._node_id,
+            code=FailureCode.EVICTED.value,
+            message=f"session {forward.session_id} was evicted",
+        )
+        idem = self._backends.idempotency
+        try:
+            if await idem.compare_and_reset(forward.session_id, forward.key, None, evicted):
+                self._resolve(evicted)
+                return
+            found = await idem.find(forward.session_id, forward.key)
+        except Exception as exc:
+            log.warning("settling evicted forward %s failed: %s", forward.turn_id, exc)
+            return  # the poll keeps following it, bounded by the forward deadline
+        if found is not None and found.turn_id == forward.turn_id and found.outcome is not None:
+            self._resolve(found.outcome)
 
     # ================================================================== public controls
 
@@ -1221,14 +1319,13 @@ class SessionRouter:
     def _on_lease_lost(self, session_id: str, token: int) -> None:
         actor = self._actors.get(session_id)
         if actor is not None and actor.token == token and not self._closed:
-            self._lease_lost(actor)
+            self._metrics.emit("on_lease_extend_failed", session_id)
+            actor.lose_lease()
 
-    def _lease_lost(self, actor: SessionActor) -> None:
-        if actor.lease is None:
-            return
-        actor.drop_lease()
-        self._metrics.emit("on_lease_extend_failed", actor.session_id)
-        self._spawn(self._give_up_lost(actor), "lease-lost")
+    def lease_lost(self, actor: SessionActor) -> None:
+        """ActorHost: the actor lost its lease; hand the session back (queued work re-queued)."""
+        if not self._closed:
+            self._spawn(self._give_up_lost(actor), "lease-lost")
 
     async def _give_up_lost(self, actor: SessionActor) -> None:
         async with self._locks.hold(actor.session_id):
@@ -1263,6 +1360,15 @@ class SessionRouter:
             if found is not None and found.turn_id != forward.turn_id:
                 self._fail_turn(
                     forward.turn_id, FailureCode.FAILED, "the turn's reservation was superseded"
+                )
+                return
+            if found is None:
+                # Within forward_ttl a reservation only vanishes when its submit was refused
+                # (discarded) or its entry was unreadable: nothing will run; say so now.
+                self._fail_turn(
+                    forward.turn_id,
+                    FailureCode.FAILED,
+                    "the request was refused before it was queued; retry it",
                 )
                 return
         empty = await self._quiet(self._backends.inbox.is_empty(forward.session_id))

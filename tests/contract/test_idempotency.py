@@ -238,7 +238,7 @@ async def test_acquire_holder_restores_the_secondary_bound(
     # Given a holderless reservation with a long forward TTL
     await _make_holderless(backends)
     # When node-b takes it over with a short secondary TTL
-    won = await backends.idempotency.acquire_holder("s1", "k1", "node-b", SHORT)
+    won = await backends.idempotency.acquire_holder("s1", "k1", "t1", "node-b", SHORT)
     # Then it is held by node-b and goes stale after the short bound
     assert won is HolderTakeover.WON
     assert (await _find(backends)).holder == "node-b"
@@ -276,10 +276,10 @@ async def test_acquire_holder_wins_only_holderless_in_flight(backends: Backends)
     assert await backends.idempotency.mark_done("s1", "failed", "node-a", _failed(), DAY)
     # When node-b (and node-a, for the one it holds) try to take each over
     results = {
-        key: await backends.idempotency.acquire_holder("s1", key, "node-b", LONG)
+        key: await backends.idempotency.acquire_holder("s1", key, "t1", "node-b", LONG)
         for key in ("holderless", "held", "done", "failed", "missing")
     }
-    same_holder = await backends.idempotency.acquire_holder("s1", "held", "node-a", LONG)
+    same_holder = await backends.idempotency.acquire_holder("s1", "held", "t1", "node-a", LONG)
     # Then only the holderless one is won, and it is now held by node-b
     assert results == {
         "holderless": HolderTakeover.WON,
@@ -298,8 +298,8 @@ async def test_concurrent_acquire_holder_has_one_winner(backends: Backends) -> N
     await _make_holderless(backends)
     # When two nodes take it over concurrently
     results = await asyncio.gather(
-        backends.idempotency.acquire_holder("s1", "k1", "node-b", LONG),
-        backends.idempotency.acquire_holder("s1", "k1", "node-c", LONG),
+        backends.idempotency.acquire_holder("s1", "k1", "t1", "node-b", LONG),
+        backends.idempotency.acquire_holder("s1", "k1", "t1", "node-c", LONG),
     )
     # Then exactly one wins, and the reservation names the winner
     assert sorted(r.value for r in results) == ["REJECTED", "WON"]
@@ -417,3 +417,15 @@ async def test_discard_reservation_only_in_flight_for_that_turn(backends: Backen
     assert (wrong_turn, finished, right) == (False, False, True)
     assert await backends.idempotency.find("s1", "k1") is None
     assert (await _find(backends, "done")).state is ReservationState.DONE
+
+
+async def test_acquire_holder_refuses_a_reservation_of_another_turn(backends: Backends) -> None:
+    # Given a holderless reservation made for turn t2 (a newer attempt with the same key)
+    await _reserve(backends, "k1", turn_id="t2")
+    assert await backends.idempotency.release_holder("s1", "k1", "node-a", LONG)
+    # When an older message for turn t1 of that key tries to take it over
+    stale = await backends.idempotency.acquire_holder("s1", "k1", "t1", "node-b", LONG)
+    # Then it is refused, and the newer attempt can still take it
+    assert stale is HolderTakeover.REJECTED
+    fresh = await backends.idempotency.acquire_holder("s1", "k1", "t2", "node-b", LONG)
+    assert fresh is HolderTakeover.WON

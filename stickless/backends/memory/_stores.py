@@ -344,13 +344,13 @@ class MemoryIdempotencyStore:
                     row.stale_at = now + secondary_ttl
 
     async def acquire_holder(
-        self, session_id: str, key: str, holder: str, secondary_ttl: float
+        self, session_id: str, key: str, turn_id: str, holder: str, secondary_ttl: float
     ) -> HolderTakeover:
-        """WON when the reservation was IN_FLIGHT and holderless; REJECTED otherwise."""
+        """WON when the reservation was IN_FLIGHT, holderless and for `turn_id`; else REJECTED."""
         with self._link.open() as state:
             now = state.clock()
             row = _live_reservation(state, session_id, key, now)
-            if row is None or not _held_by(row, None):
+            if row is None or row.turn_id != turn_id or not _held_by(row, None):
                 return HolderTakeover.REJECTED
             row.holder = holder
             row.touched_at = now

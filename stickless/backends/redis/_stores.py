@@ -301,9 +301,14 @@ class RedisInbox(_Role):
         )
         # First message: the exact arrival time. Otherwise only fill a missing entry (a crash
         # between script and index write); a present one already scores an older arrival.
-        await self._client.zadd(
-            self._keys.pending_index, {session_id: float(arrived)}, nx=not int(was_empty)
-        )
+        # The message is queued by now: an index failure must not report the delivery failed
+        # (the index only serves the orphan scan, and the next delivery refills it).
+        try:
+            await self._client.zadd(
+                self._keys.pending_index, {session_id: float(arrived)}, nx=not int(was_empty)
+            )
+        except Exception as exc:
+            logger.warning("pending index update for %s failed: %s", session_id, exc)
         return f"{int(priority)}:{_text(stream_id)}"
 
     async def collect(self, session_id: str, max_priority: Priority) -> CollectedBatch:
@@ -319,9 +324,14 @@ class RedisInbox(_Role):
             keys=self._keys.inbox(session_id), args=[last_tier]
         )
         if flat and not int(remaining):
-            await self._scripts.index_drop(
-                keys=[self._keys.pending_index], args=[session_id, _text(taken_at)]
-            )
+            # The entries are out of the stream by now: an index failure must not lose them
+            # (a stale index entry is dropped by the next pending_sessions scan).
+            try:
+                await self._scripts.index_drop(
+                    keys=[self._keys.pending_index], args=[session_id, _text(taken_at)]
+                )
+            except Exception as exc:
+                logger.warning("pending index cleanup for %s failed: %s", session_id, exc)
         return _decode_entries(session_id, flat)
 
     async def is_empty(self, session_id: str) -> bool:
@@ -452,11 +462,12 @@ class RedisIdempotencyStore(_Role):
             await self._client.zadd(self._keys.stale_index, lowered, lt=True)
 
     async def acquire_holder(
-        self, session_id: str, key: str, holder: str, secondary_ttl: float
+        self, session_id: str, key: str, turn_id: str, holder: str, secondary_ttl: float
     ) -> HolderTakeover:
-        """WON when the reservation was IN_FLIGHT and holderless; REJECTED otherwise."""
+        """WON when the reservation was IN_FLIGHT, holderless and for `turn_id`; else REJECTED."""
         reply = await self._scripts.idem_acquire(
-            keys=[self._keys.reservation(session_id, key)], args=[holder, _num(secondary_ttl)]
+            keys=[self._keys.reservation(session_id, key)],
+            args=[holder, _num(secondary_ttl), turn_id],
         )
         if not int(reply[0]):
             return HolderTakeover.REJECTED

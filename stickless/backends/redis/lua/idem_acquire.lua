@@ -1,8 +1,9 @@
--- KEYS: reservation hash. ARGV: holder, secondary ttl.
--- Reply: {1, turn, stale deadline} when a holderless IN_FLIGHT one was taken, else {0}.
+-- KEYS: reservation hash. ARGV: holder, secondary ttl, turn id.
+-- Reply: {1, turn, stale deadline} when a holderless IN_FLIGHT one made for that turn was
+-- taken, else {0}.
 local t = now()
 local r = load_reservation(KEYS[1], t)
-if not r or r.state ~= 'IN_FLIGHT' or r.holder then
+if not r or r.state ~= 'IN_FLIGHT' or r.holder or r.turn ~= ARGV[3] then
   return {0}
 end
 local stale = fmt(t + tonumber(ARGV[2]))
