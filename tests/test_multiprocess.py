@@ -422,27 +422,30 @@ FAILED_MESSAGES = (
 #:   answered by its forward deadline (FORWARD_TIMEOUT) or the holderless reservation's stale
 #:   sweep, both within forward_ttl. Closing it needs a two-phase (claim, then acknowledge)
 #:   collect.
-#: - GHOST_RESERVATION_BUG (fixed): a submit refused with BackendUnavailableError ("nothing reserved")
-#:   whose reservation could not be discarded leaves the key reserved (holderless, IN_FLIGHT) for
-#:   forward_ttl; the client's retry with the same key attaches to a turn that was never queued
-#:   and is answered FORWARD_TIMEOUT or HOLDER_LOST after forward_ttl. When it is the stale-index
-#:   write after `put_if_absent` that failed, the reservation (held by the submitter) is missing
-#:   from the index: the holder-loss sweep never resets it, so whoever attached to it before it
-#:   turned stale gets FORWARD_TIMEOUT, and it stays IN_FLIGHT up to the primary TTL.
-#: - REFUSED_BUT_QUEUED_BUG (fixed): a submit refused with BackendUnavailableError after its inbox entry
-#:   was written (only the pending-index write failed) leaves the message queued, unindexed and
-#:   unannounced: it runs whenever something else rings the session (or sits there forever).
-#: - LATE_DELIVERY_EVICT_BUG (fixed): a forward whose message reaches the inbox after the holder's
-#:   release purged it (between the purge and the EVICT) is failed by that EVICT with EVICTED,
-#:   while the message survives, runs under the next lease and commits.
-#: - FENCED_QUEUE_BUG (fixed): after its lease is dropped locally (a commit refused by fencing), the
-#:   session actor keeps draining its mailbox and answers every queued message LEASE_LOST
+#: - GHOST_RESERVATION_BUG (fixed): a submit refused with BackendUnavailableError ("nothing
+#:   reserved") whose reservation could not be discarded leaves the key reserved (holderless,
+#:   IN_FLIGHT) for forward_ttl; the client's retry with the same key attaches to a turn that was
+#:   never queued and is answered FORWARD_TIMEOUT or HOLDER_LOST after forward_ttl. When it is
+#:   the stale-index write after `put_if_absent` that failed, the reservation (held by the
+#:   submitter) is missing from the index: the holder-loss sweep never resets it, so whoever
+#:   attached to it before it turned stale gets FORWARD_TIMEOUT, and it stays IN_FLIGHT up to the
+#:   primary TTL.
+#: - REFUSED_BUT_QUEUED_BUG (fixed): a submit refused with BackendUnavailableError after its
+#:   inbox entry was written (only the pending-index write failed) leaves the message queued,
+#:   unindexed and unannounced: it runs whenever something else rings the session (or sits there
+#:   forever).
+#: - LATE_DELIVERY_EVICT_BUG (fixed): a forward whose message reaches the inbox after the
+#:   holder's release purged it (between the purge and the EVICT) is failed by that EVICT with
+#:   EVICTED, while the message survives, runs under the next lease and commits.
+#: - FENCED_QUEUE_BUG (fixed): after its lease is dropped locally (a commit refused by fencing),
+#:   the session actor keeps draining its mailbox and answers every queued message LEASE_LOST
 #:   without running it, instead of handing it back to the inbox for the new holder (§4).
-#: - STALE_SUCCESS_BUG (fixed): when a live holder's reservation touches lag past the secondary TTL (a
-#:   starved renewal thread), another node's holder-loss sweep records the turn HOLDER_LOST; the
-#:   holder's turn still commits, its `mark_done` is refused, yet `SessionRouter.complete` answers
-#:   its own callers with the TurnResult -- contradicting the store (and the HOLDER_LOST its other
-#:   callers got), and letting a retry with the key run the turn again.
+#: - STALE_SUCCESS_BUG (fixed): when a live holder's reservation touches lag past the secondary
+#:   TTL (a starved renewal thread), another node's holder-loss sweep records the turn
+#:   HOLDER_LOST; the holder's turn still commits, its `mark_done` is refused, yet
+#:   `SessionRouter.complete` answers its own callers with the TurnResult -- contradicting the
+#:   store (and the HOLDER_LOST its other callers got), and letting a retry with the key run the
+#:   turn again.
 LOST_COLLECT_BUG = True
 GHOST_RESERVATION_BUG = False
 STALE_SUCCESS_BUG = False

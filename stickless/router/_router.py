@@ -434,9 +434,7 @@ class SessionRouter:
             while loop.time() < deadline:
                 await asyncio.sleep(delay)
                 try:
-                    await self._backends.idempotency.discard_reservation(
-                        session_id, key, turn_id
-                    )
+                    await self._backends.idempotency.discard_reservation(session_id, key, turn_id)
                 except Exception:
                     delay = min(delay * 2, 1.0)
                 else:

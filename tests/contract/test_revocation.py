@@ -207,7 +207,8 @@ async def test_expire_holder_leaves_other_reservations_untouched(backends: Backe
     assert await idem.release_holder("s1", "k-holderless", DEAD, LONG)
     await _reserve(backends, "k-taken", DEAD)
     assert await idem.release_holder("s1", "k-taken", DEAD, LONG)
-    assert await idem.acquire_holder("s1", "k-taken", "t-k-taken", ALIVE, LONG) is HolderTakeover.WON
+    taken = await idem.acquire_holder("s1", "k-taken", "t-k-taken", ALIVE, LONG)
+    assert taken is HolderTakeover.WON
     await _reserve(backends, "k-other", ALIVE)
     await _reserve(backends, "k-done", DEAD)
     done = Outcome(turn_id="t-k-done", ok=True, executed_by=DEAD, text="ok")
