@@ -114,6 +114,8 @@ class SessionActor:
         self._task: asyncio.Task[None] | None = None
         self._handle: LiveSession | None = None
         self.running: RunningTurn | None = None
+        #: The last turn's relay: the next one dispatches after it, and stop waits for it.
+        self._last_relay: EventRelay | None = None
         self._rung = False
         self.accepting = True
         self.close_requested = False
@@ -205,10 +207,10 @@ class SessionActor:
         for task in (self._task, *self._side_tasks):
             if task is not None:
                 task.cancel()
-        if self.running is not None:
-            self.running.relay.abort()
-            if self.running.task is not None:
-                self.running.task.cancel()
+        if self._last_relay is not None:
+            self._last_relay.abort()
+        if self.running is not None and self.running.task is not None:
+            self.running.task.cancel()
 
     # ------------------------------------------------------------------ internals
 
@@ -366,6 +368,10 @@ class SessionActor:
             return None
         return self._handle
 
+    def _report_drops(self, relay: EventRelay) -> None:
+        if relay.dropped:
+            self._host.events_dropped(self.session_id, relay.dropped)
+
     async def _load_transcript(self) -> tuple[CommittedEntry, ...]:
         record = await self._host.backends.records.load(self.session_id)
         return record.entries if record is not None else ()
@@ -378,8 +384,14 @@ class SessionActor:
             return
         host = self._host
         relay = EventRelay(
-            self.session_id, work.turn_id, host.deliver_frames, host.config.relay_queue_size
+            self.session_id,
+            work.turn_id,
+            host.deliver_frames,
+            host.config.relay_queue_size,
+            after=self._last_relay,
         )
+        self._last_relay = relay
+        relay.on_flushed(self._report_drops)
         context = TurnContext(
             session_id=self.session_id,
             turn_id=work.turn_id,
@@ -406,9 +418,7 @@ class SessionActor:
             self.running = None
             raise
         outcome, terminal = await self._conclude(running, task)
-        await relay.finish(terminal, flush_timeout=host.config.release_interrupt_timeout)
-        if relay.dropped:
-            host.events_dropped(self.session_id, relay.dropped)
+        relay.emit(terminal)  # flushed by its dispatcher; the caller is not kept waiting for it
         self.running = None
         self.last_active = asyncio.get_running_loop().time()
         host.actor_state_changed(self)
@@ -474,6 +484,9 @@ class SessionActor:
                             running.work, reason.interrupt_code, reason.value, self._host.node_id
                         ),
                     )
+        if self._last_relay is not None:
+            # Terminal frames go out before the session's EVICT or hand-over is announced.
+            await self._last_relay.flushed(self._host.config.release_interrupt_timeout)
         pending = [work for _, work in sorted(self._mailbox, key=lambda item: item[0])]
         self._mailbox.clear()
         handle, self._handle = self._handle, None

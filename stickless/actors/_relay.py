@@ -60,12 +60,25 @@ class RankedQueue:
 
 
 class EventRelay:
-    """Stamps one turn's frames and hands them to the sink through a dispatcher task."""
+    """Stamps one turn's frames and hands them to the sink through a dispatcher task.
 
-    def __init__(self, session_id: str, turn_id: str, sink: FrameSink, capacity: int) -> None:
+    `after` is the previous turn's relay of the session: this one dispatches nothing before that
+    one has flushed, so a session's frames reach the log and the rail in turn order even though
+    a turn's caller is answered without waiting for its relay to flush.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        turn_id: str,
+        sink: FrameSink,
+        capacity: int,
+        after: EventRelay | None = None,
+    ) -> None:
         self.session_id = session_id
         self.turn_id = turn_id
         self._sink = sink
+        self._after = after
         self._queue = RankedQueue(capacity)
         self._seq = 0
         self._wake = asyncio.Event()
@@ -97,20 +110,28 @@ class EventRelay:
     async def finish(self, terminal: Event, flush_timeout: float) -> None:
         """Emit the terminal frame and wait (bounded) until everything queued was dispatched."""
         self.emit(terminal)
-        try:
-            await asyncio.wait_for(asyncio.shield(self._task), flush_timeout)
-        except TimeoutError:
+        await self.flushed(flush_timeout)
+
+    async def flushed(self, flush_timeout: float) -> None:
+        """Wait (bounded) until the dispatcher has handed over everything, terminal included."""
+        done, _ = await asyncio.wait({self._task}, timeout=flush_timeout)
+        if not done:
             log.warning(
                 "relay %s/%s did not flush in %.1fs", self.session_id, self.turn_id, flush_timeout
             )
-        if self.dropped:
-            log.info("relay %s/%s dropped %d frame(s)", self.session_id, self.turn_id, self.dropped)
+
+    def on_flushed(self, callback: Callable[[EventRelay], None]) -> None:
+        """Call `callback(self)` once the dispatcher has ended."""
+        self._task.add_done_callback(lambda _: callback(self))
 
     def abort(self) -> None:
         """Stop the dispatcher without flushing (the node is dying)."""
         self._task.cancel()
 
     async def _dispatch(self) -> None:
+        previous, self._after = self._after, None
+        if previous is not None:
+            await asyncio.wait({previous._task})
         while True:
             await self._wake.wait()
             self._wake.clear()
