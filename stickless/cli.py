@@ -715,6 +715,8 @@ async def run_demo(nodes: int = 3, token_delay: float = 0.02, redis_url: str | N
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     """Run the demo under an overall time bound."""
+    if args.ray is not None:
+        return _cmd_demo_ray(args)
 
     async def bounded() -> int:
         try:
@@ -763,7 +765,137 @@ def _add_demo(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="URL",
         help="run the nodes over this Redis (redis:// or rediss://) instead of in memory",
     )
+    parser.add_argument(
+        "--ray",
+        type=int,
+        default=None,
+        choices=range(2, 10),
+        metavar="N",
+        help="run on a local N-node Ray cluster (2-9) on 127.0.0.1, one router actor per node, "
+        "over --redis or a private redis-server started for the demo (needs the ray and redis "
+        "extras)",
+    )
     parser.set_defaults(handler=_cmd_demo)
+
+
+def _cmd_demo_ray(args: argparse.Namespace) -> int:
+    """The demo on a local Ray cluster (stickless.ray._demo)."""
+    import os
+
+    # Before Ray is imported: keep it on 127.0.0.1 (else it advertises the machine's external
+    # address) and do not report usage.
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    try:
+        from .ray._demo import run_ray_demo
+    except ImportError as exc:
+        sys.stdout.write(f"{exc}\n")
+        return 1
+    # Cluster start-up is bounded by Ray itself; --timeout bounds the scenes.
+    return run_ray_demo(args.ray, args.token_delay, args.redis, args.timeout, Console())
+
+
+def _cmd_ray_deploy(args: argparse.Namespace) -> int:
+    """Connect to a running Ray cluster and deploy (or undeploy) the routers."""
+    import json
+
+    try:
+        import ray
+
+        from .ray import deploy, undeploy
+    except ImportError as exc:
+        sys.stdout.write(f"{exc}\n")
+        return 1
+    overrides: dict[str, Any] = json.loads(args.config) if args.config else {}
+    if not isinstance(overrides, dict):
+        sys.stdout.write("--config must be a JSON object of RouterConfig fields\n")
+        return 2
+    ray.init(address=args.address, namespace=args.namespace, logging_level="WARNING")
+    try:
+        if args.command == "ray-undeploy":
+            undeploy(args.namespace, grace=args.grace)
+            sys.stdout.write(f"UNDEPLOYED namespace {args.namespace}\n")
+            return 0
+        handles = deploy(
+            args.redis,
+            args.opener,
+            args.namespace,
+            fast_failover=not args.no_fast_failover,
+            reconcile_interval=args.reconcile_interval,
+            timeout=args.timeout,
+            **overrides,
+        )
+        pings = ray.get([h.ping.remote() for h in handles.values()], timeout=args.timeout)
+        for ping in pings:
+            sys.stdout.write(f"router {ping['node_id']} on Ray node {ping['ray_node_id']}\n")
+        sys.stdout.write(f"DEPLOYED {len(pings)} router(s) in namespace {args.namespace}\n")
+        return 0
+    finally:
+        ray.shutdown()
+
+
+def _add_ray_deploy(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subcommands.add_parser(
+        "ray-deploy",
+        help="deploy one router actor per node of a running Ray cluster (kept so by a reconciler)",
+        description="Connect to a running Ray cluster and place one stickless router actor on "
+        "every node (detached; a detached reconciler on the head node keeps one per node as "
+        "nodes join and leave). Returns once every router answers; the routers outlive this "
+        "command. Used by cluster.yaml's head start commands.",
+    )
+    parser.add_argument("--redis", required=True, metavar="URL", help="redis:// or rediss:// URL")
+    parser.add_argument(
+        "--opener",
+        required=True,
+        metavar="MODULE:ATTR",
+        help="import path of a LiveSessionOpener (or a zero-argument factory of one), "
+        "importable on every node",
+    )
+    parser.add_argument(
+        "--namespace", default="stickless", help="Ray namespace and Redis key prefix"
+    )
+    parser.add_argument(
+        "--address", default="auto", help="Ray cluster address (default: auto, the local one)"
+    )
+    parser.add_argument(
+        "--config", default=None, metavar="JSON", help="RouterConfig overrides as a JSON object"
+    )
+    parser.add_argument(
+        "--no-fast-failover",
+        action="store_true",
+        help="do not watch peer routers; rely on lease and reservation TTLs only",
+    )
+    parser.add_argument(
+        "--reconcile-interval",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="how often the reconciler checks every node has a router (default 2)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="fail if the routers do not all answer within this (default 120)",
+    )
+    parser.set_defaults(handler=_cmd_ray_deploy)
+    undeploy = subcommands.add_parser(
+        "ray-undeploy",
+        help="stop the reconciler and close every router of a namespace gracefully",
+        description="Connect to a running Ray cluster, stop the stickless reconciler and close "
+        "every router of the namespace gracefully (their sessions are handed back).",
+    )
+    undeploy.add_argument(
+        "--namespace", default="stickless", help="Ray namespace and Redis key prefix"
+    )
+    undeploy.add_argument(
+        "--address", default="auto", help="Ray cluster address (default: auto, the local one)"
+    )
+    undeploy.add_argument(
+        "--grace", type=float, default=5.0, help="graceful-shutdown grace in seconds"
+    )
+    undeploy.set_defaults(handler=_cmd_ray_deploy, config=None)
 
 
 def _cmd_node(args: argparse.Namespace) -> int:
@@ -800,6 +932,49 @@ def _add_node(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.set_defaults(handler=_cmd_node)
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    """Run the benchmarks: JSON results file plus a table on stdout."""
+    from .bench._runner import main_bench
+
+    return main_bench(args)
+
+
+def _add_bench(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .bench import SCENARIOS
+
+    parser = subcommands.add_parser(
+        "bench",
+        help="run the benchmarks (each against its baseline, interleaved in one run)",
+        description="Run the benchmark scenarios against a private redis-server on loopback "
+        "and node processes started for the run; write a JSON result file and print a table. "
+        f"Scenarios: {', '.join(SCENARIOS)}.",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a few seconds per scenario (CI smoke runs); numbers are rough",
+    )
+    parser.add_argument(
+        "--only",
+        default=None,
+        metavar="SCENARIO[,...]",
+        help="run only these scenarios (comma separated)",
+    )
+    parser.add_argument(
+        "--output",
+        default="stickless-bench.json",
+        metavar="PATH",
+        help="where to write the JSON results (default ./stickless-bench.json)",
+    )
+    parser.add_argument(
+        "--redis-server",
+        default=None,
+        metavar="PATH",
+        help="redis-server executable to start privately (default: redis-server on PATH)",
+    )
+    parser.set_defaults(handler=_cmd_bench)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one sub-parser per command."""
     parser = argparse.ArgumentParser(
@@ -816,6 +991,8 @@ def build_parser() -> argparse.ArgumentParser:
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_demo(subcommands)
     _add_node(subcommands)
+    _add_ray_deploy(subcommands)
+    _add_bench(subcommands)
     return parser
 
 

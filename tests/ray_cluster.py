@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
+
+T = TypeVar("T")
 
 #: Keep Ray on 127.0.0.1 and quiet (DESIGN.md §7).
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 REPO = str(Path(__file__).resolve().parent.parent)
+LOOPBACK = "127.0.0.1"
 
 
 def import_ray() -> Any:
@@ -38,11 +42,11 @@ def ray_cluster() -> Iterator[Any]:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, previous) if p)
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1"},
+        head_node_args={"num_cpus": 1, "node_ip_address": LOOPBACK},
     )
     try:
         for _ in range(2):
-            cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+            cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
         yield cluster
@@ -54,3 +58,53 @@ def ray_cluster() -> Iterator[Any]:
         else:
             os.environ["PYTHONPATH"] = previous
         sys.modules.pop("ray.cluster_utils", None)
+
+
+# ---------------------------------------------------------------------- cluster helpers
+
+
+def add_worker(cluster: Any) -> str:
+    """Start one more worker node on loopback; returns its Ray node id (hex)."""
+    node = cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK)
+    cluster.wait_for_nodes()
+    return str(node.node_id)
+
+
+def remove_worker(cluster: Any, ray_node_id: str) -> None:
+    """Stop every process of a worker node (its raylet, workers and actors), by their pids."""
+    for node in list(cluster.worker_nodes):
+        if node.node_id == ray_node_id:
+            cluster.remove_node(node)
+            return
+    raise LookupError(f"no worker node {ray_node_id} in this cluster")
+
+
+def worker_ids(cluster: Any) -> list[str]:
+    """The Ray node ids of the cluster's worker nodes (the head excluded)."""
+    return sorted(str(node.node_id) for node in cluster.worker_nodes)
+
+
+def head_id(cluster: Any) -> str:
+    return str(cluster.head_node.node_id)
+
+
+def wait_for(probe: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
+    """Poll `probe` until it returns something other than None (or False); bounded.
+
+    Exceptions from the probe count as "not yet" (a router being recreated may not answer).
+
+    Raises:
+        TimeoutError: nothing within `timeout` seconds (naming `what` and the last error).
+    """
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
+    while True:
+        try:
+            value = probe()
+        except Exception as exc:
+            last, value = exc, None
+        if value is not None and value is not False:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout}s (last error: {last!r})")
+        time.sleep(interval)

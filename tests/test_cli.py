@@ -11,6 +11,8 @@ import pytest
 from stickless import RouterConfig
 from stickless.cli import DEMO_CONFIG, main
 
+from .ray_cluster import import_ray
+
 
 def _check_demo_output(out: str) -> None:
     # Scene 1: a submit entered a node that did not hold the session and was forwarded.
@@ -133,3 +135,98 @@ def test_bad_arguments_exit_two(capsys: pytest.CaptureFixture[str]) -> None:
 def test_demo_config_is_valid() -> None:
     config = RouterConfig(**DEMO_CONFIG)
     assert config.lease_extend_interval < config.lease_ttl
+
+
+def _check_ray_demo_output(out: str) -> None:
+    label = r"n\d/[0-9a-f]{4}"
+    assert re.search(r"deploy\s+3 routers \(one per Ray node", out), out
+    # Scene 1: submits through different routers, some forwarded to the holder's router.
+    forwarded = re.findall(rf"result\s+chat-\d\s+msg \d\s+via ({label})\s+-> ran on ({label})", out)
+    assert any(via != ran for via, ran in forwarded), out
+    assert re.search(rf"submit\s+chat-\d\s+msg \d\s+via {label}\s+-> FORWARDED", out), out
+    # Scene 2: a subscriber on one router streamed a turn that ran on another.
+    streamed = re.search(
+        rf"stream\s+({label}) <- turn on ({label}): you said .*\[turn_completed\]", out
+    )
+    assert streamed is not None, out
+    assert streamed.group(1) != streamed.group(2)
+    assert re.search(rf"router {label} relayed [1-9]\d* text deltas", out), out
+    # Scene 3: an interrupt from a router that does not hold the session.
+    sent = re.search(
+        rf"interrupt\(reason='USER'\) sent from ({label}) \(holder is ({label})\)", out
+    )
+    assert sent is not None, out
+    assert sent.group(1) != sent.group(2)
+    assert "TurnFailedError(code=INTERRUPTED)" in out
+    assert "saw Interrupted(reason='USER')" in out
+    assert "the interrupted turn committed 0 entries" in out
+    # Scene 4: the retry through another router came from the cache.
+    assert re.search(r"same turn id: yes; committed entries (\d+) -> \1 ", out), out
+    assert "IdempotencyConflictError (HTTP 409)" in out
+    # Scene 5: ray.kill of the holder's router mid-turn.
+    killed = re.search(rf"ray\.kill\(router ({label})\) mid-turn", out)
+    assert killed is not None, out
+    assert re.search(r"got TurnFailedError\(code=HOLDER_LOST\) \d+\.\d+s after the kill", out), out
+    assert "saw Interrupted(reason='HOLDER_LOST')" in out
+    served = re.search(rf"next turn served by survivor ({label}): placed \d+\.\d+s", out)
+    assert served is not None, out
+    assert served.group(1) != killed.group(1)
+    recreated = re.search(rf"the reconciler started router ({label}) on the same Ray node", out)
+    assert recreated is not None, out
+    new, old = recreated.group(1), killed.group(1)
+    assert new.split("/")[0] == old.split("/")[0] and new != old  # same node, new incarnation
+    # Scene 6: summary with the killed router and the measured failover.
+    assert re.search(rf"^\s+{re.escape(old)}\s+killed\s+\d", out, re.MULTILINE), out
+    assert re.search(r"failover\s+ray\.kill -> caller's HOLDER_LOST \d+\.\d+s", out), out
+    assert "demo finished in" in out
+    assert "FAILED" not in out
+
+
+@pytest.mark.timeout(240)
+def test_demo_on_a_local_ray_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    # Starts a 3-node Ray cluster on loopback and a private redis-server, both stopped at the end
+    import_ray()  # (sets the loopback environment before Ray is first imported)
+    import shutil
+    import socket
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not on PATH")
+    code = main(["demo", "--ray", "3"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    _check_ray_demo_output(out)
+    import ray
+
+    assert not ray.is_initialized()
+    url = re.search(r"private redis-server at redis://127\.0\.0\.1:(\d+)/0", out)
+    assert url is not None, out
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", int(url.group(1))), 1):
+        pass  # the demo's redis-server is gone
+
+
+def test_ray_demo_agent_is_importable_by_path() -> None:
+    import_ray()
+    from stickless.node import load_opener
+
+    opener = load_opener("stickless.ray._demo:make_opener")
+    assert hasattr(opener, "open")
+
+
+def test_ray_commands_parse() -> None:
+    from stickless.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(
+        ["ray-deploy", "--redis", "redis://h:6380/0", "--opener", "a.b:c", "--namespace", "n"]
+    )
+    assert (args.redis, args.opener, args.namespace, args.address) == (
+        "redis://h:6380/0",
+        "a.b:c",
+        "n",
+        "auto",
+    )
+    assert not args.no_fast_failover
+    args = parser.parse_args(["ray-undeploy", "--namespace", "n"])
+    assert args.command == "ray-undeploy"
+    assert main(["ray-deploy", "--redis", "redis://h/0"]) == 2  # --opener is required
+    assert main(["demo", "--ray", "1"]) == 2

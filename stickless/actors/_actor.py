@@ -229,8 +229,11 @@ class SessionActor:
     async def _loop(self) -> None:
         try:
             while self.accepting and self.lease is not None:
-                self._rung = False
-                await self._collect(Priority.LATER)  # always collect before a turn (orphans)
+                if self._mailbox or self._rung:
+                    # Always collect before a turn (orphans of an earlier holder, messages
+                    # whose doorbell this node missed); nothing to run and no doorbell: done.
+                    self._rung = False
+                    await self._collect(Priority.LATER)
                 if not self._mailbox:
                     if self._rung and self.accepting:
                         continue

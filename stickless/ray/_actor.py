@@ -65,6 +65,8 @@ class NodeRouter:
         self._service: NodeService | None = None
         self._starting: asyncio.Lock | None = None
         self._watched: dict[str, asyncio.Task[None]] = {}
+        #: Peer routers whose death we would notice at once: actor name -> peer node id.
+        self._watching: dict[str, str] = {}
         self._scanner: asyncio.Task[None] | None = None
         #: Seconds from a peer's death notice to its leases being revoked, per peer node id.
         self.failovers: dict[str, float] = {}
@@ -102,10 +104,16 @@ class NodeRouter:
             await self._service.aclose(grace=grace)
             await self._service.router.backends.aclose()
 
-    def _svc(self) -> NodeService:
+    async def _svc(self) -> NodeService:
+        """The started service. A call that arrives before `start()` (the reconciler names a new
+        router before it starts it, so `routers()` may hand it out early) waits for the start
+        instead of failing."""
         if self._service is None:
-            raise RuntimeError("NodeRouter.start() has not completed")
-        return self._service
+            await self.start()
+        service = self._service
+        if service is None:  # pragma: no cover - start() always sets it or raises
+            raise RuntimeError("NodeRouter.start() did not complete")
+        return service
 
     # ------------------------------------------------------------ application API
 
@@ -117,7 +125,8 @@ class NodeRouter:
         payload = (
             request.model_dump(mode="python") if isinstance(request, SubmitRequest) else request
         )
-        ticket = await self._svc().submit(payload)
+        service = await self._svc()
+        ticket = await service.submit(payload)
         return RouterTicket(
             kind=str(ticket["kind"]),
             turn_id=str(ticket["turn_id"]),
@@ -127,7 +136,8 @@ class NodeRouter:
 
     async def result(self, turn_id: str) -> TurnResult:
         """Await a turn submitted on this router (raises TurnFailedError when it failed)."""
-        return TurnResult.model_validate(await self._svc().result(turn_id))
+        service = await self._svc()
+        return TurnResult.model_validate(await service.result(turn_id))
 
     async def run(self, request: SubmitRequest | Mapping[str, Any]) -> TurnResult:
         """Submit and await the result."""
@@ -138,7 +148,8 @@ class NodeRouter:
         self, session_id: str, after: str | None = None, turn_id: str | None = None
     ) -> AsyncIterator[Event]:
         """Stream the session's frames (a Ray streaming generator; `after=` resumes)."""
-        stream = self._svc().router.events(session_id, turn_id=turn_id, after=after)
+        service = await self._svc()
+        stream = service.router.events(session_id, turn_id=turn_id, after=after)
         try:
             await stream.ready()
             async for event in stream:
@@ -149,16 +160,20 @@ class NodeRouter:
     async def interrupt(
         self, session_id: str, reason: str = "USER", turn_id: str | None = None
     ) -> None:
-        await self._svc().interrupt(session_id, reason=reason, turn_id=turn_id)
+        service = await self._svc()
+        await service.interrupt(session_id, reason=reason, turn_id=turn_id)
 
     async def release_session(self, session_id: str) -> None:
-        await self._svc().release_session(session_id)
+        service = await self._svc()
+        await service.release_session(session_id)
 
     async def delete_session(self, session_id: str) -> None:
-        await self._svc().delete_session(session_id)
+        service = await self._svc()
+        await service.delete_session(session_id)
 
     async def status(self, session_id: str) -> ClusterSessionStatus:
-        return await self._svc().router.status(session_id)
+        service = await self._svc()
+        return await service.router.status(session_id)
 
     # ------------------------------------------------------------ failure detection
 
@@ -168,10 +183,15 @@ class NodeRouter:
 
     async def peer_lost(self, node_id: str) -> list[str]:
         """Revoke a dead peer's leases and reservations now; returns the revoked sessions."""
-        return await self._svc().router.peer_lost(node_id)
+        service = await self._svc()
+        return await service.router.peer_lost(node_id)
 
     async def failover_times(self) -> dict[str, float]:
         return dict(self.failovers)
+
+    async def watching(self) -> list[str]:
+        """Node ids of the peer routers currently watched (fast failover armed for them)."""
+        return sorted(self._watching.values())
 
     async def _scan_peers(self) -> None:
         own = ROUTER_PREFIX + self.ray_node_id
@@ -199,6 +219,7 @@ class NodeRouter:
             handle = ray.get_actor(name, namespace=self._namespace)
             peer = await handle.ping.remote()
             peer_node = str(peer["node_id"])
+            self._watching[name] = peer_node
             while True:
                 try:
                     await handle.watch.remote()
@@ -207,7 +228,8 @@ class NodeRouter:
                     continue
                 except ActorDiedError:
                     started = asyncio.get_running_loop().time()
-                    revoked = await self._svc().router.peer_lost(peer_node)
+                    service = await self._svc()
+                    revoked = await service.router.peer_lost(peer_node)
                     self.failovers[peer_node] = asyncio.get_running_loop().time() - started
                     log.warning("peer %s died; revoked %d lease(s)", peer_node, len(revoked))
                     return
@@ -217,3 +239,4 @@ class NodeRouter:
             log.warning("watching %s failed: %s", name, exc)
         finally:
             self._watched.pop(name, None)
+            self._watching.pop(name, None)

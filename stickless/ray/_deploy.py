@@ -35,6 +35,18 @@ def _alive_nodes() -> list[str]:
     return [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
 
 
+#: The resource Ray gives only the head node.
+_HEAD_RESOURCE = "node:__internal_head__"
+
+
+def _head_node() -> str | None:
+    """The alive head node's id (the reconciler lives there: worker nodes may come and go)."""
+    for node in ray.nodes():
+        if node.get("Alive") and _HEAD_RESOURCE in node.get("Resources", {}):
+            return str(node["NodeID"])
+    return None
+
+
 class RouterReconciler:
     """Creates the missing router of every alive node, forever (detached, num_cpus=0)."""
 
@@ -54,30 +66,43 @@ class RouterReconciler:
 
     async def reconcile(self) -> dict[str, str]:
         """Ensure one started router per alive node; returns {ray node id: router node id}."""
-        placed: dict[str, str] = {}
-        for ray_node in _alive_nodes():
-            name = router_name(ray_node)
+
+        async def place(ray_node: str) -> tuple[str, str | None]:
             try:
-                handle = ray.get_actor(name, namespace=self._namespace)
-            except ValueError:
-                handle = (
-                    _router_class()
-                    .options(
-                        name=name,
-                        namespace=self._namespace,
-                        lifetime="detached",
-                        num_cpus=0,
-                        max_restarts=0,
-                        max_concurrency=_MAX_CONCURRENCY,
-                        scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node, soft=False),
-                    )
-                    .remote(*self._args)
-                )
-            try:
-                placed[ray_node] = await asyncio.wait_for(handle.start.remote(), 60)
+                handle = self._router_of(ray_node)
+                return ray_node, await asyncio.wait_for(handle.start.remote(), 60)
             except Exception as exc:
                 log.warning("router on node %s did not start: %s", ray_node, exc)
-        return placed
+                return ray_node, None
+
+        # Concurrently: a node that is going away must not hold up the others' routers.
+        placed = await asyncio.gather(*(place(node) for node in _alive_nodes()))
+        return {node: node_id for node, node_id in placed if node_id is not None}
+
+    def _router_of(self, ray_node: str) -> Any:
+        """The node's router handle, created (a new incarnation) when it has none."""
+        name = router_name(ray_node)
+        try:
+            return ray.get_actor(name, namespace=self._namespace)
+        except ValueError:
+            pass
+        try:
+            return (
+                _router_class()
+                .options(
+                    name=name,
+                    namespace=self._namespace,
+                    lifetime="detached",
+                    num_cpus=0,
+                    max_restarts=0,
+                    max_concurrency=_MAX_CONCURRENCY,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node, soft=False),
+                )
+                .remote(*self._args)
+            )
+        except ValueError:
+            # A concurrent reconcile (deploy() while the loop runs) created it first.
+            return ray.get_actor(name, namespace=self._namespace)
 
     async def run(self) -> None:
         """Reconcile every `interval` seconds until killed."""
@@ -90,6 +115,10 @@ class RouterReconciler:
 
     async def ping(self) -> bool:
         return True
+
+    async def ray_node(self) -> str:
+        """The Ray node this reconciler runs on (the head node)."""
+        return str(ray.get_runtime_context().get_node_id())
 
 
 def _router_class() -> Any:
@@ -122,6 +151,10 @@ def deploy(
     try:
         reconciler = ray.get_actor(RECONCILER_NAME, namespace=namespace)
     except ValueError:
+        # On the head node: a reconciler on a worker node would die with that node, and no
+        # router would be created for nodes that join afterwards. (Hard affinity: with
+        # soft=True Ray 2.60 was seen placing this 0-CPU actor on another node.)
+        head = _head_node()
         reconciler = (
             ray.remote(RouterReconciler)
             .options(
@@ -130,6 +163,9 @@ def deploy(
                 lifetime="detached",
                 num_cpus=0,
                 max_concurrency=16,
+                scheduling_strategy=(
+                    NodeAffinitySchedulingStrategy(head, soft=False) if head else "DEFAULT"
+                ),
             )
             .remote(
                 redis_url, opener, namespace, config_overrides, fast_failover, reconcile_interval

@@ -71,6 +71,8 @@ T = TypeVar("T")
 #: Prefixes keep client idempotency keys and per-turn internal keys apart.
 _CLIENT_KEY = "c:"
 _TURN_KEY = "t:"
+#: Seconds during which a session's state changes coalesce into one STATUS publish.
+_STATUS_COALESCE = 0.05
 #: Token of a forward whose lease is unknown: larger than any real token, so no EVICT fails it.
 _UNKNOWN_TOKEN = 2**62
 
@@ -145,6 +147,8 @@ class SessionRouter:
         self._evict_waiters: dict[str, list[asyncio.Event]] = {}
         self._status_seq = 0
         self._last_status: dict[str, tuple[SessionState, str | None]] = {}
+        self._status_dirty: set[str] = set()
+        self._status_flush: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._control: Subscription | None = None
@@ -270,6 +274,8 @@ class SessionRouter:
         the crash instant; its own callers get RouterClosedError.
         """
         self._closed = True
+        if self._status_flush is not None:
+            self._status_flush.cancel()
         for loop in self._loops:
             loop.cancel()
         for actor in list(self._actors.values()):
@@ -286,6 +292,8 @@ class SessionRouter:
         self._loops.clear()
 
     async def _stop_background(self) -> None:
+        if self._status_flush is not None:
+            self._status_flush.cancel()
         for loop in self._loops:
             loop.cancel()
         for task in list(self._tasks):
@@ -1122,9 +1130,9 @@ class SessionRouter:
             Signal(kind=kind.value, session_id=session_id, origin=self._node_id, payload=payload)
         )
 
-    async def _publish_signal(self, signal: Signal) -> None:
-        """Best-effort publish of a prepared signal (its coroutine starts only when run)."""
-        await self._quiet(self._backends.signals.publish(signal))
+    async def _publish_signals(self, signals: list[Signal]) -> None:
+        """Best-effort publish of prepared signals (its coroutine starts only when run)."""
+        await self._quiet(self._backends.signals.publish_many(signals))
 
     async def _publish_quiet(
         self, kind: SignalKind, session_id: str, payload: dict[str, Any]
@@ -1255,10 +1263,23 @@ class SessionRouter:
         )
 
     def _publish_status(self, actor: SessionActor) -> None:
-        """Broadcast the actor's state when it changed (RUNNING / IDLE / active turn)."""
-        signal = self._status_signal(actor)
-        if signal is not None:
-            self._spawn(self._publish_signal(signal), "status")
+        """Broadcast the actor's state once it settles: changes within a short window coalesce
+        into one batched publish, and a state that bounced back publishes nothing."""
+        self._status_dirty.add(actor.session_id)
+        if self._status_flush is None and self._loop is not None:
+            self._status_flush = self._loop.call_later(_STATUS_COALESCE, self._flush_status)
+
+    def _flush_status(self) -> None:
+        self._status_flush = None
+        dirty, self._status_dirty = self._status_dirty, set()
+        signals = [
+            signal
+            for session_id in dirty
+            if (actor := self._actors.get(session_id)) is not None
+            and (signal := self._status_signal(actor)) is not None
+        ]
+        if signals and not self._closed:
+            self._spawn(self._publish_signals(signals), "status")
 
     def _publish_gone(self, actor: SessionActor) -> None:
         self._last_status.pop(actor.session_id, None)

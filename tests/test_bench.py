@@ -1,0 +1,62 @@
+"""`stickless bench --quick` runs every scenario end to end and writes numbers for each.
+
+Smoke test only: speed is measured by the benchmarks, never asserted here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stickless.bench import SCENARIOS
+from stickless.cli import main
+
+from .redis_fixture import redis_executable
+
+
+def _numbers(value: Any) -> Iterator[float]:
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int | float):
+        yield float(value)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _numbers(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _numbers(item)
+
+
+@pytest.mark.timeout(240)
+def test_quick_bench_reports_every_scenario(tmp_path: Path) -> None:
+    output = tmp_path / "bench.json"
+    code = main(["bench", "--quick", "--output", str(output), "--redis-server", redis_executable()])
+    report = json.loads(output.read_text(encoding="utf-8"))
+    errors = {name: data.get("error") for name, data in report["scenarios"].items()}
+    assert code == 0, errors
+    assert report["mode"] == "quick"
+    assert list(report["scenarios"]) == list(SCENARIOS)
+    machine = report["machine"]
+    assert machine["nproc"] >= 1
+    assert machine["cpu_model"]
+    assert machine["python"]
+    assert machine["redis_server"]
+    for name, data in report["scenarios"].items():
+        assert "error" not in data, (name, data.get("error"))
+        numbers = list(_numbers(data["results"]))
+        assert numbers, name
+        assert all(math.isfinite(n) for n in numbers), name
+        assert data["rows"], name
+        assert isinstance(data["ratios"], dict), name
+        assert data["elapsed_s"] > 0, name
+    assert all(goal["scenario"] in SCENARIOS for goal in report["goals"])
+
+
+def test_only_selects_and_rejects_unknown(tmp_path: Path) -> None:
+    assert main(["bench", "--only", "nope", "--output", str(tmp_path / "x.json")]) == 2
+    assert not (tmp_path / "x.json").exists()
