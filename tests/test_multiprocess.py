@@ -1340,14 +1340,16 @@ async def test_a_refused_submit_leaves_its_key_free(
             monkeypatch.setattr(inbox, "deliver", unreachable)
             monkeypatch.setattr(idempotency, "discard_reservation", unreachable)
         else:
-            # Given the store fails the stale-index write that follows B's reservation
+            # Given B's reservation (script and index writes, one pipeline) is applied but its
+            # reply is lost
             real_batch = stores.run_batch
 
             async def batch(client: Any, calls: Any) -> Any:
-                if calls and calls[0].keys[:1] == ["ZADD"] and "c:k" in str(calls[0].keys):
+                replies = await real_batch(client, calls)
+                if any("ZADD" in call.keys and "c:k" in str(call.keys) for call in calls):
                     monkeypatch.setattr(stores, "run_batch", real_batch)  # once
                     raise connection_lost()
-                return await real_batch(client, calls)
+                return replies
 
             monkeypatch.setattr(stores, "run_batch", batch)
         with pytest.raises(BackendUnavailableError):

@@ -5,12 +5,10 @@ in the same run) and ``async def run(ctx: BenchContext) -> dict`` returning its 
 ``ratios``, table ``rows`` (measurement, stickless, baseline, ratio), ``goals`` and ``notes``.
 Modules are imported only when their scenario runs.
 
-Adding a scenario (the Ray comparison is the next one): write ``stickless/bench/<name>.py``
-with that interface and add ``"<name>": "stickless.bench.<name>"`` below. A ``ray`` scenario
-would start a local Ray cluster in ``run`` (``ctx.processes`` stops what it starts by pid,
-``ctx.redis_url`` is the run's private Redis), compare ``stickless.ray`` routers with the same
-workloads as ``relay``/``turns``, and add the ``ray.kill`` failover variant next to
-``failover``'s SIGKILL one.
+Adding a scenario: write ``stickless/bench/<name>.py`` with that interface and add
+``"<name>": "stickless.bench.<name>"`` below. The ``ray`` scenario (``ray_actors``) starts its
+own local Ray cluster in ``run`` and stops it before returning; ``ctx.redis_url`` is the run's
+private Redis.
 """
 
 #: Scenario name -> module, in run order.
@@ -21,7 +19,7 @@ SCENARIOS: dict[str, str] = {
     "idle": "stickless.bench.idle",
     "contention": "stickless.bench.contention",
     "failover": "stickless.bench.failover",
-    # "ray": "stickless.bench.ray_compare",  # hook: the Ray comparison (not written yet)
+    "ray": "stickless.bench.ray_actors",
 }
 
 __all__ = ["SCENARIOS"]

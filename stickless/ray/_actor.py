@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -119,6 +120,10 @@ class NodeRouter:
 
     async def ping(self) -> dict[str, str]:
         return {"node_id": self.node_id, "ray_node_id": self.ray_node_id}
+
+    async def pid(self) -> int:
+        """The actor process's pid (benchmarks read its memory from /proc)."""
+        return os.getpid()
 
     async def submit(self, request: SubmitRequest | Mapping[str, Any]) -> RouterTicket:
         """Submit a turn; returns a ticket (kind, turn_id, node_id) for `result`."""

@@ -154,6 +154,7 @@ class SessionRouter:
         self._control: Subscription | None = None
         self._started = False
         self._closed = False
+        self._stopping = asyncio.Event()
 
     # ================================================================== construction
 
@@ -291,12 +292,24 @@ class SessionRouter:
             await asyncio.wait(pending, timeout=1.0)
         self._loops.clear()
 
+    async def _pause(self, seconds: float) -> bool:
+        """Sleep between rounds of a background loop; False once the router is stopping."""
+        try:
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        except TimeoutError:
+            return True
+        return False
+
     async def _stop_background(self) -> None:
+        """Let the loops finish their round (no backend call is cut off mid-flight, which
+        would leave its connection half-open), then cancel whatever is still running."""
         if self._status_flush is not None:
             self._status_flush.cancel()
-        for loop in self._loops:
-            loop.cancel()
-        for task in list(self._tasks):
+        self._stopping.set()
+        running = [*self._loops, *self._tasks]
+        if running:
+            await asyncio.wait(running, timeout=2.0)
+        for task in [*self._loops, *self._tasks]:
             task.cancel()
         pending = [*self._loops, *self._tasks]
         if pending:
@@ -1325,7 +1338,8 @@ class SessionRouter:
         interval = min(self._config.lease_extend_interval / 2, 1.0)
         while True:
             self._renewer.beat()
-            await asyncio.sleep(interval)
+            if not await self._pause(interval):
+                return
 
     def _lost_on_renewer_thread(self, session_id: str, token: int) -> None:
         """Renewer thread: a lease was lost; hand the reaction to the main loop, never block."""
@@ -1352,8 +1366,7 @@ class SessionRouter:
                 await self._give_up(actor, StopReason.LEASE_LOST)
 
     async def _forward_poll_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._config.forward_poll_interval)
+        while await self._pause(self._config.forward_poll_interval):
             for forward in list(self._forwards.values()):
                 await self._poll_forward(forward)
 
@@ -1400,8 +1413,7 @@ class SessionRouter:
 
     async def _cache_sweep_loop(self) -> None:
         interval = max(0.05, min(self._config.idle_ttl / 2, 30.0))
-        while True:
-            await asyncio.sleep(interval)
+        while await self._pause(interval):
             now = asyncio.get_running_loop().time()
             for actor in list(self._actors.values()):
                 if (
@@ -1429,8 +1441,7 @@ class SessionRouter:
                 self._spawn(self._give_up_locked(actor, StopReason.LRU), "lru")
 
     async def _holder_loss_sweep_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._config.holder_loss_sweep_interval)
+        while await self._pause(self._config.holder_loss_sweep_interval):
             await self._sweep_holder_loss()
             await self._scan_orphans()
 
@@ -1465,8 +1476,7 @@ class SessionRouter:
 
     async def _status_heartbeat_loop(self) -> None:
         """Re-announce every held session's state (one batched publish per heartbeat)."""
-        while True:
-            await asyncio.sleep(self._config.status_heartbeat_interval)
+        while await self._pause(self._config.status_heartbeat_interval):
             self._last_status.clear()
             # Only running sessions: idle ones do not change, and status() of a session nobody
             # re-announced falls back to reading its lease.

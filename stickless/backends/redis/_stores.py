@@ -422,21 +422,27 @@ class RedisIdempotencyStore(_Role):
         secondary_ttl: float,
         primary_ttl: float,
     ) -> Reservation | None:
-        """Reserve the key unless an IN_FLIGHT or DONE reservation exists (then return it)."""
-        created, detail = await self._scripts.idem_put(
-            keys=[self._keys.reservation(session_id, key)],
-            args=[turn_id, input_hash, holder, _num(secondary_ttl), _num(primary_ttl)],
-        )
-        if not int(created):
-            return _reservation(session_id, key, detail)
+        """Reserve the key unless an IN_FLIGHT or DONE reservation exists (then return it).
+
+        One round trip: the index entries ride in the script's pipeline, written optimistically
+        with score 0 (due at once; the first scan verifies and rescores it to its real deadline,
+        and drops it when the script did not create this instance).
+        """
         member = reservation_member(session_id, key, turn_id)
-        await run_batch(
+        (created, detail), _, _ = await run_batch(
             self._client,
             [
-                Call(None, ["ZADD", self._keys.stale_index, detail, member]),
+                Call(
+                    self._scripts.idem_put,
+                    [self._keys.reservation(session_id, key)],
+                    [turn_id, input_hash, holder, _num(secondary_ttl), _num(primary_ttl)],
+                ),
+                Call(None, ["ZADD", self._keys.stale_index, "LT", "0", member]),
                 Call(None, ["SADD", self._keys.holder_reservations(holder), member]),
             ],
         )
+        if not int(created):
+            return _reservation(session_id, key, detail)
         return None
 
     async def touch_many(self, refs: Sequence[ReservationRef], secondary_ttl: float) -> None:
@@ -464,56 +470,71 @@ class RedisIdempotencyStore(_Role):
     async def acquire_holder(
         self, session_id: str, key: str, turn_id: str, holder: str, secondary_ttl: float
     ) -> HolderTakeover:
-        """WON when the reservation was IN_FLIGHT, holderless and for `turn_id`; else REJECTED."""
-        reply = await self._scripts.idem_acquire(
-            keys=[self._keys.reservation(session_id, key)],
-            args=[holder, _num(secondary_ttl), turn_id],
+        """WON when the reservation was IN_FLIGHT, holderless and for `turn_id`; else REJECTED.
+
+        One round trip: the take-over shortens the staleness deadline, so the index entry is
+        lowered (optimistically to 0: the scan rescores it) in the script's pipeline, with the
+        holder-index add (dropped by `expire_holder` when the take-over was refused).
+        """
+        member = reservation_member(session_id, key, turn_id)
+        reply, _, _ = await run_batch(
+            self._client,
+            [
+                Call(
+                    self._scripts.idem_acquire,
+                    [self._keys.reservation(session_id, key)],
+                    [holder, _num(secondary_ttl), turn_id],
+                ),
+                Call(None, ["ZADD", self._keys.stale_index, "LT", "0", member]),
+                Call(None, ["SADD", self._keys.holder_reservations(holder), member]),
+            ],
         )
-        if not int(reply[0]):
-            return HolderTakeover.REJECTED
-        await self._lower(session_id, key, reply, "SADD", holder)
-        return HolderTakeover.WON
+        return HolderTakeover.WON if int(reply[0]) else HolderTakeover.REJECTED
 
     async def release_holder(
         self, session_id: str, key: str, holder: str, forward_ttl: float
     ) -> bool:
-        """Make an IN_FLIGHT reservation held by `holder` holderless, stale after `forward_ttl`."""
+        """Make an IN_FLIGHT reservation held by `holder` holderless, stale after `forward_ttl`.
+
+        The later deadline is left to the scan (the index score stays a lower bound); the
+        holder-index removal follows in a second command only when the release happened.
+        """
         reply = await self._scripts.idem_release(
             keys=[self._keys.reservation(session_id, key)], args=[holder, _num(forward_ttl)]
         )
         if not int(reply[0]):
             return False
-        await self._lower(session_id, key, reply, "SREM", holder)
-        return True
-
-    async def _lower(
-        self, session_id: str, key: str, reply: Sequence[Any], holder_op: str, holder: str
-    ) -> None:
-        """Lower the index score to a new deadline ({1, turn, deadline} reply) if it is earlier,
-        so the score stays a lower bound (a later deadline is left to the scan); in the same
-        pipeline, add the instance to (SADD) or remove it from (SREM) the holder's index."""
         member = reservation_member(session_id, key, _text(reply[1]))
-        await run_batch(
-            self._client,
-            [
-                Call(None, ["ZADD", self._keys.stale_index, "LT", reply[2], member]),
-                Call(None, [holder_op, self._keys.holder_reservations(holder), member]),
-            ],
-        )
+        await self._client.srem(self._keys.holder_reservations(holder), member)
+        return True
 
     async def mark_done(
         self, session_id: str, key: str, holder: str, outcome: Outcome, primary_ttl: float
     ) -> bool:
         """Store the outcome (DONE or FAILED) if IN_FLIGHT for its turn and held by `holder` or
-        nobody."""
+        nobody.
+
+        One round trip: the index removals ride in the script's pipeline; when the script
+        refuses (the instance is someone else's or already finished) the stale-index entry is
+        put back as due, for the scan to verify.
+        """
         state = ReservationState.DONE if outcome.ok else ReservationState.FAILED
-        reply = await self._scripts.idem_mark_done(
-            keys=[self._keys.reservation(session_id, key)],
-            args=[holder, outcome.turn_id, state.value, outcome.encode(), _num(primary_ttl)],
+        member = reservation_member(session_id, key, outcome.turn_id)
+        reply, _, _ = await run_batch(
+            self._client,
+            [
+                Call(
+                    self._scripts.idem_mark_done,
+                    [self._keys.reservation(session_id, key)],
+                    [holder, outcome.turn_id, state.value, outcome.encode(), _num(primary_ttl)],
+                ),
+                Call(None, ["ZREM", self._keys.stale_index, member]),
+                Call(None, ["SREM", self._keys.holder_reservations(holder), member]),
+            ],
         )
         if not reply:
+            await self._client.zadd(self._keys.stale_index, {member: 0})
             return False
-        await self._unindex(session_id, key, outcome.turn_id, holder)
         return True
 
     async def compare_and_reset(
