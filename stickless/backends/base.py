@@ -7,13 +7,16 @@ store's own clock, never the caller's, so nodes with skewed clocks agree.
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable, Sequence
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from .._events import Event
 from .._types import CommittedEntry, Priority, TranscriptEntry
-from ..wire import Envelope, Outcome, Signal
+from ..wire import Envelope, Outcome, Signal, WireError, salvage_addresses
+
+_log = logging.getLogger("stickless.backends")
 
 
 class FencedOut(Exception):
@@ -152,6 +155,29 @@ class CollectedBatch:
 def sort_messages(messages: list[InboundMessage]) -> list[InboundMessage]:
     """Priority first, then original enqueue time (kept across re-delivery)."""
     return sorted(messages, key=lambda m: (int(m.envelope.priority), m.envelope.enqueued_at))
+
+
+def decode_entries(session_id: str, entries: Iterable[tuple[str, bytes, float]]) -> CollectedBatch:
+    """Decode removed inbox entries `(message id, bytes, arrival time)` one by one (seed 001).
+
+    An unreadable entry never takes its batch with it: it is logged once (session and entry
+    id, never the payload) and returned addressable by whatever turn id and key could be read.
+    The arrival time becomes `enqueued_at` of an envelope delivered without one.
+    """
+    messages: list[InboundMessage] = []
+    unreadable: list[UnreadableEntry] = []
+    for message_id, data, arrived in entries:
+        try:
+            envelope = Envelope.decode(data)
+        except WireError as exc:
+            _log.warning("unreadable inbox entry %s of session %s: %s", message_id, session_id, exc)
+            turn_id, key = salvage_addresses(data)
+            unreadable.append(UnreadableEntry(message_id, turn_id, key, str(exc)))
+            continue
+        if envelope.enqueued_at == 0:
+            envelope = envelope.model_copy(update={"enqueued_at": arrived})
+        messages.append(InboundMessage(message_id, envelope))
+    return CollectedBatch(sort_messages(messages), unreadable)
 
 
 class Inbox(Protocol):

@@ -11,11 +11,9 @@ from ..._types import CommittedEntry, Priority, TranscriptEntry
 from ...wire import (
     Envelope,
     Outcome,
-    WireError,
     decode_event,
     encode_event,
     pack,
-    salvage_addresses,
     unpack,
 )
 from ..base import (
@@ -23,15 +21,13 @@ from ..base import (
     FencedOut,
     HeldElsewhere,
     HolderTakeover,
-    InboundMessage,
     Lease,
     RecordView,
     Reservation,
     ReservationRef,
     ReservationState,
-    UnreadableEntry,
+    decode_entries,
     event_id_key,
-    sort_messages,
 )
 from ._shared import InboxRow, LeaseRow, Link, RecordRow, ReservationRow, State
 
@@ -186,19 +182,8 @@ class MemoryRecordStore:
 
 
 def _decode_rows(session_id: str, rows: list[InboxRow]) -> CollectedBatch:
-    """Decode removed entries one by one; an unreadable one is logged once and kept addressable."""
-    messages: list[InboundMessage] = []
-    unreadable: list[UnreadableEntry] = []
-    for row in rows:
-        try:
-            messages.append(InboundMessage(row.message_id, Envelope.decode(row.data)))
-        except WireError as exc:
-            logger.warning(
-                "unreadable inbox entry %s of session %s: %s", row.message_id, session_id, exc
-            )
-            turn_id, key = salvage_addresses(row.data)
-            unreadable.append(UnreadableEntry(row.message_id, turn_id, key, str(exc)))
-    return CollectedBatch(sort_messages(messages), unreadable)
+    """Decode removed rows one by one (see `base.decode_entries`)."""
+    return decode_entries(session_id, ((row.message_id, row.data, 0.0) for row in rows))
 
 
 class MemoryInbox:

@@ -14,11 +14,9 @@ from ..._types import CommittedEntry, Priority, TranscriptEntry
 from ...wire import (
     Envelope,
     Outcome,
-    WireError,
     decode_event,
     encode_event,
     pack,
-    salvage_addresses,
     unpack,
 )
 from ..base import (
@@ -26,15 +24,13 @@ from ..base import (
     FencedOut,
     HeldElsewhere,
     HolderTakeover,
-    InboundMessage,
     Lease,
     RecordView,
     Reservation,
     ReservationRef,
     ReservationState,
-    UnreadableEntry,
+    decode_entries,
     event_id_key,
-    sort_messages,
 )
 from ._keys import TIERS, Keys, parse_reservation_member, reservation_member
 from ._scripts import Call, Scripts, run_batch
@@ -253,29 +249,15 @@ class RedisRecordStore(_Role):
 
 
 def _decode_entries(session_id: str, flat: Sequence[Any]) -> CollectedBatch:
-    """Decode removed entries one by one; an unreadable one is logged once and kept addressable.
-
-    `flat` repeats (tier, stream id, encoded envelope, arrival time); the arrival time becomes
-    `enqueued_at` of an envelope delivered without one.
-    """
-    messages: list[InboundMessage] = []
-    unreadable: list[UnreadableEntry] = []
-    for i in range(0, len(flat), 4):
-        tier, stream_id, data, arrived = flat[i : i + 4]
-        message_id = f"{int(tier)}:{_text(stream_id)}"
-        try:
-            envelope = Envelope.decode(data)
-        except WireError as exc:
-            logger.warning(
-                "unreadable inbox entry %s of session %s: %s", message_id, session_id, exc
-            )
-            turn_id, key = salvage_addresses(data)
-            unreadable.append(UnreadableEntry(message_id, turn_id, key, str(exc)))
-            continue
-        if envelope.enqueued_at == 0:
-            envelope = envelope.model_copy(update={"enqueued_at": float(arrived)})
-        messages.append(InboundMessage(message_id, envelope))
-    return CollectedBatch(sort_messages(messages), unreadable)
+    """Decode removed entries one by one (see `base.decode_entries`); `flat` repeats (tier,
+    stream id, encoded envelope, arrival time)."""
+    return decode_entries(
+        session_id,
+        (
+            (f"{int(flat[i])}:{_text(flat[i + 1])}", flat[i + 2], float(flat[i + 3]))
+            for i in range(0, len(flat), 4)
+        ),
+    )
 
 
 class RedisInbox(_Role):
