@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -23,8 +23,6 @@ from ._stores import (
 
 #: Default bound (seconds) of connecting and of waiting for one reply.
 DEFAULT_SOCKET_TIMEOUT = 5.0
-#: Connections one bundle opens at most (callers past it wait for a free one).
-DEFAULT_MAX_CONNECTIONS = 256
 
 
 class RedisBackends:
@@ -52,17 +50,7 @@ class RedisBackends:
         self._event_log_max_len = event_log_max_len
         self._client_options = client_options
         self.keys = Keys(namespace)
-        # A blocking pool: past `max_connections` callers wait (up to the socket timeout) for a
-        # free connection instead of failing at once with "Too many connections".
-        pool_options = dict(client_options)
-        max_connections = int(pool_options.pop("max_connections", DEFAULT_MAX_CONNECTIONS))
-        pool = BlockingConnectionPool.from_url(
-            url,
-            max_connections=max_connections,
-            timeout=float(client_options["socket_timeout"] or DEFAULT_SOCKET_TIMEOUT),
-            **pool_options,
-        )
-        self.client: Redis = Redis(connection_pool=pool)
+        self.client: Redis = Redis.from_url(url, **client_options)
         # The pub/sub connection never retries inside redis-py: its reader reconnects by itself.
         pubsub_client = Redis.from_url(
             url, **{**client_options, "retry": Retry(NoBackoff(), 0, supported_errors=())}
@@ -126,4 +114,4 @@ class RedisBackends:
     async def aclose(self) -> None:
         """Stop the pub/sub reader and subscriptions, then close this bundle's connections."""
         await self._signals.aclose()
-        await self.client.aclose(close_connection_pool=True)
+        await self.client.aclose()
