@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import time
@@ -17,6 +18,16 @@ T = TypeVar("T")
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 REPO = str(Path(__file__).resolve().parent.parent)
 LOOPBACK = "127.0.0.1"
+
+
+def require(module: str) -> Any:
+    """Import a module the test needs: a failure under CI=true, a skip elsewhere when missing."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{module} is not installed but CI=true requires this test")
+        pytest.skip(f"{module} is not installed")
 
 
 def import_ray() -> Any:

@@ -12,6 +12,7 @@ from stickless import RouterConfig
 from stickless.cli import DEMO_CONFIG, main
 
 from .ray_cluster import import_ray
+from .redis_fixture import redis_executable
 
 
 def _check_demo_output(out: str) -> None:
@@ -186,11 +187,9 @@ def _check_ray_demo_output(out: str) -> None:
 def test_demo_on_a_local_ray_cluster(capsys: pytest.CaptureFixture[str]) -> None:
     # Starts a 3-node Ray cluster on loopback and a private redis-server, both stopped at the end
     import_ray()  # (sets the loopback environment before Ray is first imported)
-    import shutil
     import socket
 
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not on PATH")
+    redis_executable()  # fails under CI=true, skips elsewhere, when redis-server is missing
     code = main(["demo", "--ray", "3"])
     out = capsys.readouterr().out
     assert code == 0, out

@@ -11,14 +11,16 @@ import pytest
 
 from stickless.cli import build_parser
 
+from .ray_cluster import import_ray, require
+
 CLUSTER_YAML = Path(__file__).resolve().parent.parent / "cluster.yaml"
 
 
 @pytest.fixture(scope="module")
 def prepared() -> dict[str, Any]:
-    pytest.importorskip("ray")
-    yaml = pytest.importorskip("yaml")
-    pytest.importorskip("jsonschema")
+    import_ray()
+    yaml = require("yaml")
+    require("jsonschema")
     from ray.autoscaler._private.util import prepare_config, validate_config
 
     raw = yaml.safe_load(CLUSTER_YAML.read_text())
