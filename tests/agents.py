@@ -9,6 +9,7 @@ from typing import Any
 
 from stickless import (
     LiveSession,
+    SubmitRequest,
     TextDelta,
     TranscriptEntry,
     TurnContext,
@@ -124,3 +125,8 @@ async def wait_until(predicate: Any, within: float = 10.0) -> None:
         if loop.time() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.005)
+
+
+def req(session: str, text: str, **kw: object) -> SubmitRequest:
+    """A request for agent "bot" (keyword arguments are further SubmitRequest fields)."""
+    return SubmitRequest(session_id=session, agent_ref="bot", input=text, **kw)  # type: ignore[arg-type]

@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-from stickless import SubmitRequest
-
-from .agents import Journal, wait_until
+from .agents import Journal, req, wait_until
 from .conftest import make_cluster
-
-
-def req(session: str, text: str, **kw: object) -> SubmitRequest:
-    return SubmitRequest(session_id=session, agent_ref="bot", input=text, **kw)  # type: ignore[arg-type]
 
 
 async def test_handle_opens_once_with_options_and_attributes(journal: Journal) -> None:

@@ -16,12 +16,8 @@ from stickless import (
 )
 from stickless.testing import LocalCluster
 
-from .agents import Journal, wait_until
+from .agents import Journal, req, wait_until
 from .conftest import make_cluster
-
-
-def req(session: str, text: str, **kw: object) -> SubmitRequest:
-    return SubmitRequest(session_id=session, agent_ref="bot", input=text, **kw)  # type: ignore[arg-type]
 
 
 async def collect(stream: object, until_type: str) -> list[Event]:

@@ -14,13 +14,12 @@ from stickless import (
     Priority,
     RouterClosedError,
     SubmitKind,
-    SubmitRequest,
     TurnFailedError,
 )
 from stickless.testing import CountingMetrics, LocalCluster
 from stickless.wire import pack
 
-from .agents import Journal, ScriptedOpener, ScriptedSession, wait_until
+from .agents import Journal, ScriptedOpener, ScriptedSession, req, wait_until
 from .conftest import make_cluster
 
 #: Failure tests shrink every bound so detection happens within a couple of seconds.
@@ -30,10 +29,6 @@ QUICK: dict[str, Any] = dict(
     idempotency_secondary_ttl=0.5,
     holder_loss_sweep_interval=0.25,
 )
-
-
-def req(session: str, text: str, **kw: object) -> SubmitRequest:
-    return SubmitRequest(session_id=session, agent_ref="bot", input=text, **kw)  # type: ignore[arg-type]
 
 
 async def lease_of(cluster: LocalCluster, session: str) -> tuple[str, int] | None:

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from stickless import FailureCode, SubmitKind, SubmitRequest, TurnFailedError
+from stickless import FailureCode, SubmitKind, TurnFailedError
 from stickless.testing import LocalCluster
 
-from .agents import Journal, ScriptedOpener, wait_until
+from .agents import Journal, ScriptedOpener, req, wait_until
 
 QUICK: dict[str, Any] = dict(
     lease_ttl=1.0,
@@ -22,10 +22,6 @@ QUICK: dict[str, Any] = dict(
     release_interrupt_timeout=1.0,
     interrupt_grace=0.3,
 )
-
-
-def req(session: str, text: str, **kw: object) -> SubmitRequest:
-    return SubmitRequest(session_id=session, agent_ref="bot", input=text, **kw)  # type: ignore[arg-type]
 
 
 @pytest.fixture

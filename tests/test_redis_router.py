@@ -17,18 +17,13 @@ from stickless import (
     RouterConfig,
     SessionRouter,
     SubmitKind,
-    SubmitRequest,
     TurnFailedError,
 )
 from stickless.backends.redis import RedisBackends
 
-from .agents import Journal, ScriptedOpener, wait_until
+from .agents import Journal, ScriptedOpener, req, wait_until
 from .conftest import FAST
 from .redis_fixture import RedisServer, redis_executable
-
-
-def req(session: str, text: str, **kw: object) -> SubmitRequest:
-    return SubmitRequest(session_id=session, agent_ref="bot", input=text, **kw)  # type: ignore[arg-type]
 
 
 async def start_nodes(

@@ -12,17 +12,12 @@ from stickless import (
     RouterClosedError,
     SessionRouter,
     SubmitKind,
-    SubmitRequest,
     TurnFailedError,
     TurnResult,
 )
 from stickless.testing import LocalCluster
 
-from .agents import Journal, ScriptedOpener, wait_until
-
-
-def req(session: str, text: str, **kw: object) -> SubmitRequest:
-    return SubmitRequest(session_id=session, agent_ref="bot", input=text, **kw)  # type: ignore[arg-type]
+from .agents import Journal, ScriptedOpener, req, wait_until
 
 
 async def test_single_node_router_runs_a_turn_with_memory_defaults(journal: Journal) -> None:
