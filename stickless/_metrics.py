@@ -1,4 +1,4 @@
-"""Operational hooks (seed §12): no-op by default, never allowed to break a session."""
+"""Operational hooks: no-op by default, never allowed to break a session."""
 
 from __future__ import annotations
 

@@ -179,6 +179,15 @@ class Outcome(BaseModel):
     code: StrictStr = ""
     message: StrictStr = ""
 
+    @classmethod
+    def failure(
+        cls, turn_id: str, code: FailureCode, message: str, executed_by: str = ""
+    ) -> Outcome:
+        """A failed turn's outcome."""
+        return cls(
+            turn_id=turn_id, ok=False, executed_by=executed_by, code=code.value, message=message
+        )
+
     @property
     def failure_code(self) -> FailureCode:
         return FailureCode.parse(self.code)

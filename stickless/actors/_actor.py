@@ -504,9 +504,7 @@ class SessionActor:
 
 
 def _failure(work: TurnWork, code: FailureCode, message: str, node: str) -> Outcome:
-    return Outcome(
-        turn_id=work.turn_id, ok=False, executed_by=node, code=code.value, message=message
-    )
+    return Outcome.failure(work.turn_id, code, message, node)
 
 
 def _failed(work: TurnWork, code: FailureCode, message: str, node: str) -> tuple[Outcome, Event]:

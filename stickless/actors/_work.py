@@ -12,7 +12,7 @@ from ..wire import Envelope
 
 
 class Takeover(enum.Enum):
-    """How this node came to own a message's idempotency reservation (seed §6.3D)."""
+    """How this node came to own a message's reservation (docs/architecture.md, "Holder loss")."""
 
     SUBMITTED = "SUBMITTED"  # reserved by this node at submit time
     WON = "WON"  # acquire_holder won at collect time

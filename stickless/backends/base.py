@@ -158,7 +158,7 @@ def sort_messages(messages: list[InboundMessage]) -> list[InboundMessage]:
 
 
 def decode_entries(session_id: str, entries: Iterable[tuple[str, bytes, float]]) -> CollectedBatch:
-    """Decode removed inbox entries `(message id, bytes, arrival time)` one by one (seed 001).
+    """Decode removed inbox entries `(message id, bytes, arrival time)` one by one.
 
     An unreadable entry never takes its batch with it: it is logged once (session and entry
     id, never the payload) and returned addressable by whatever turn id and key could be read.

@@ -1,4 +1,5 @@
-"""Lease renewal on its own thread, event loop and backend connections (seed §7.4).
+"""Lease renewal on its own thread, event loop and backend connections (see "Leases" in
+docs/architecture.md).
 
 A renewal tick that waits behind a busy turn is indistinguishable from a stolen lease, so the
 renewer never shares the node's event loop. One tick renews every lease the node holds and

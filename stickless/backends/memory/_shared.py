@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..._errors import BackendUnavailableError
 from ..._types import Priority
 from ..base import ReservationState
 
-if TYPE_CHECKING:
-    from ._signals import MemorySubscription
+
+class LinkedSubscription(Protocol):
+    """What the shared state and a link need of a subscription."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def offer_locked(self, data: bytes) -> None: ...
+
+    def stop_locked(self) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -75,8 +86,8 @@ class State:
         self.event_streams: dict[str, deque[tuple[str, bytes]]] = {}
         #: Last event id per session as (ms, n); kept after delete so ids never go back.
         self.last_event_ids: dict[str, tuple[int, int]] = {}
-        self.control_subs: dict[MemorySubscription, None] = {}
-        self.event_subs: dict[str, dict[MemorySubscription, None]] = {}
+        self.control_subs: dict[LinkedSubscription, None] = {}
+        self.event_subs: dict[str, dict[LinkedSubscription, None]] = {}
 
 
 class Link:
@@ -86,7 +97,7 @@ class Link:
         self.state = state
         self.severed = False
         #: This link's live subscriptions (guarded by `state.lock`).
-        self.subscriptions: dict[MemorySubscription, None] = {}
+        self.subscriptions: dict[LinkedSubscription, None] = {}
 
     @contextmanager
     def open(self) -> Iterator[State]:

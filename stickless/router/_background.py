@@ -1,0 +1,117 @@
+"""Plumbing every router part shares: background tasks, per-session locks, backend call wrappers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Coroutine
+from typing import Any, TypeVar
+
+from .._errors import BackendUnavailableError, SticklessError
+from ..backends.base import FencedOut
+
+log = logging.getLogger("stickless.router")
+
+T = TypeVar("T")
+
+
+async def io(awaitable: Awaitable[T]) -> T:
+    """Await a backend call; failures other than ours surface as BackendUnavailableError."""
+    try:
+        return await awaitable
+    except (SticklessError, FencedOut):
+        raise
+    except Exception as exc:
+        raise BackendUnavailableError(f"{type(exc).__name__}: {exc}") from exc
+
+
+async def quiet(awaitable: Awaitable[T]) -> T | None:
+    """Await a best-effort backend call; failures are logged, None returned."""
+    try:
+        return await awaitable
+    except Exception as exc:
+        log.warning("best-effort backend call failed: %s", exc)
+        return None
+
+
+class KeyedLocks:
+    """One asyncio lock per session, dropped when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+
+class Background:
+    """The node's background work: long-running loops and one-off tasks, stopped together."""
+
+    def __init__(self) -> None:
+        #: Set once the router stops accepting work (closing or killed); parts check it.
+        self.closed = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._loops: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
+
+    def start_loops(self, *loops: Coroutine[Any, Any, None]) -> None:
+        loop = asyncio.get_running_loop()
+        self._loops.extend(loop.create_task(coro) for coro in loops)
+
+    def spawn(self, coro: Awaitable[Any], name: str = "") -> None:
+        """Run a one-off task; its failure is logged, never raised into the caller."""
+        task = asyncio.ensure_future(coro)
+        if name:
+            task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task %s failed", task.get_name(), exc_info=task.exception())
+
+    async def pause(self, seconds: float) -> bool:
+        """Sleep between rounds of a loop; False once the router is stopping."""
+        try:
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        except TimeoutError:
+            return True
+        return False
+
+    async def stop(self) -> None:
+        """Let the loops finish their round (no backend call is cut off mid-flight, which
+        would leave its connection half-open), then cancel whatever is still running."""
+        self._stopping.set()
+        running = [*self._loops, *self._tasks]
+        if running:
+            await asyncio.wait(running, timeout=2.0)
+        await self._cancel_and_wait(wait_for=2.0)
+
+    def cancel(self) -> None:
+        """Crash path: cancel everything at once, before any await."""
+        for task in [*self._loops, *self._tasks]:
+            task.cancel()
+
+    async def _cancel_and_wait(self, wait_for: float) -> None:
+        self.cancel()
+        pending = [*self._loops, *self._tasks]
+        if pending:
+            await asyncio.wait(pending, timeout=wait_for)
+        self._loops.clear()
+
+    async def wait_cancelled(self) -> None:
+        """Crash path: give the cancelled tasks a moment to unwind."""
+        await self._cancel_and_wait(wait_for=1.0)

@@ -1,0 +1,162 @@
+"""The node's side of the cluster rail: publishing, signal dispatch, per-session event channels."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from .._events import Event
+from ..actors import Subscriber, SubscriberHub
+from ..backends.base import Subscription
+from ..wire import Signal, SignalKind, WireError, frames_from_payload, frames_to_payload
+from ._background import log, quiet
+from ._context import NodeContext, RouterPart
+from ._stream import EventStream
+
+#: A reaction to one control signal; it may raise ValidationError / WireError on a bad payload.
+SignalHandler = Callable[[Signal], None]
+
+#: Kinds a node also acts on when it published them itself.
+_OWN_KINDS = frozenset({SignalKind.MESSAGE_ENQUEUED})
+
+
+class ControlChannel(RouterPart):
+    """Publishes this node's signals, dispatches the cluster's to handlers, relays event frames."""
+
+    def __init__(
+        self,
+        ctx: NodeContext,
+    ) -> None:
+        super().__init__(ctx)
+        self._handlers: Mapping[SignalKind, SignalHandler] = {}
+        self._control: Subscription | None = None
+        self._hub = SubscriberHub()
+        self._event_channels: dict[str, asyncio.Future[None]] = {}
+
+    async def open(self, handlers: Mapping[SignalKind, SignalHandler]) -> None:
+        """Subscribe to the control channel; each known signal kind goes to its handler."""
+        self._handlers = handlers
+        self._control = await self._backends.signals.subscribe(self._on_signal)
+
+    async def close(self) -> None:
+        """Leave every event channel and the control channel (best effort)."""
+        for session_id in list(self._event_channels):
+            with contextlib.suppress(Exception):
+                await self._backends.signals.unsubscribe_events(session_id)
+        self._event_channels.clear()
+        if self._control is not None:
+            with contextlib.suppress(Exception):
+                await self._control.close()
+
+    # ------------------------------------------------------------ publishing
+
+    async def publish(self, kind: SignalKind, session_id: str, payload: dict[str, Any]) -> None:
+        await self._backends.signals.publish(
+            Signal(kind=kind.value, session_id=session_id, origin=self._node_id, payload=payload)
+        )
+
+    async def publish_quiet(
+        self, kind: SignalKind, session_id: str, payload: dict[str, Any]
+    ) -> None:
+        await quiet(self.publish(kind, session_id, payload))
+
+    async def publish_signals(self, signals: list[Signal]) -> None:
+        """Best-effort publish of prepared signals (its coroutine starts only when run)."""
+        await quiet(self._backends.signals.publish_many(signals))
+
+    async def ring_doorbell(self, session_id: str, held_by: str | None) -> None:
+        """Tell the cluster the session's inbox has work (for `held_by`, when it is known)."""
+        await self.publish_quiet(
+            SignalKind.MESSAGE_ENQUEUED, session_id, {"held_by": held_by} if held_by else {}
+        )
+
+    async def _on_signal(self, signal: Signal) -> None:
+        if self._bg.closed:
+            return
+        kind = signal.known_kind()
+        if kind is None:
+            log.warning("dropping signal of unknown kind %r from %s", signal.kind, signal.origin)
+            return
+        if signal.origin == self._node_id and kind not in _OWN_KINDS:
+            return
+        handler = self._handlers.get(kind)
+        if handler is None:
+            return
+        try:
+            handler(signal)
+        except (ValidationError, WireError) as exc:
+            log.warning("dropping malformed %s signal from %s: %s", kind, signal.origin, exc)
+
+    # ------------------------------------------------------------ event frames
+
+    def stream(self, session_id: str, turn_id: str | None, after: str | None) -> EventStream:
+        """A registered subscriber's stream; the session's event channel opens on first use."""
+        sub = Subscriber(session_id, turn_id, self._config.subscriber_queue_size)
+        self._hub.add(sub)
+        ready = self._event_channels.get(session_id)
+        if ready is None:
+            ready = asyncio.get_running_loop().create_future()
+            self._event_channels[session_id] = ready
+            self._bg.spawn(self._open_event_channel(session_id, ready), "event-channel")
+        return EventStream(sub, self._backends.events, after, ready, self._close_subscriber)
+
+    async def _open_event_channel(self, session_id: str, ready: asyncio.Future[None]) -> None:
+        try:
+            await self._backends.signals.subscribe_events(session_id, self._on_event_signal)
+        except Exception as exc:
+            log.warning("event channel of %s unavailable: %s", session_id, exc)
+            self._event_channels.pop(session_id, None)
+        if not ready.done():
+            ready.set_result(None)
+
+    async def _close_subscriber(self, sub: Subscriber) -> None:
+        if sub.dropped:
+            self._metrics.emit("on_events_dropped", sub.session_id, sub.dropped)
+        if self._hub.remove(sub) and self._event_channels.pop(sub.session_id, None) is not None:
+            await quiet(self._backends.signals.unsubscribe_events(sub.session_id))
+
+    async def _on_event_signal(self, signal: Signal) -> None:
+        if signal.origin == self._node_id or signal.known_kind() is not SignalKind.EVENT:
+            return
+        frames, unreadable = frames_from_payload(signal.payload)
+        if unreadable:
+            log.warning("dropped %d unreadable event frame(s) from %s", unreadable, signal.origin)
+        self._hub.fan_out(signal.session_id, frames)
+
+    async def deliver_frames(self, session_id: str, frames: Sequence[Event]) -> None:
+        """Log a batch of frames (assigning event ids), fan out locally, then publish the whole
+        batch on the rail as one signal."""
+        batch = list(frames)
+        ids: list[str] | None = None
+        try:
+            ids = await self._backends.events.append(session_id, batch)
+        except Exception as exc:
+            log.warning("event log append failed for %s: %s", session_id, exc)
+        if self._hub.has(session_id):
+            local = batch
+            if ids is not None:
+                local = [
+                    f.model_copy(update={"event_id": i}) for f, i in zip(batch, ids, strict=True)
+                ]
+            self._hub.fan_out(session_id, local)
+        signal = Signal(
+            kind=SignalKind.EVENT.value,
+            session_id=session_id,
+            origin=self._node_id,
+            payload=frames_to_payload(batch, ids),
+        )
+        try:
+            await self._backends.signals.publish(signal)
+        except Exception as exc:
+            log.warning("event rail publish failed for %s: %s", session_id, exc)
+
+    def finish_subscribers(self, session_id: str | None = None) -> None:
+        """End the local streams of one session (or of all sessions)."""
+        if session_id is None:
+            self._hub.finish_all()
+        else:
+            self._hub.finish_session(session_id)

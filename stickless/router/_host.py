@@ -1,0 +1,79 @@
+"""What a session actor may ask of its node: a narrow adapter over the router's parts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .._config import RouterConfig
+from .._events import Event
+from .._session import LiveSession, LiveSessionOpener
+from ..actors import SessionActor, TurnWork
+from ..backends.base import Backends, InboundMessage, UnreadableEntry
+from ..wire import Outcome
+from ._context import NodeContext, RouterPart
+from ._control import ControlChannel
+from ._handover import Handover
+from ._outcomes import TurnOutcomes
+
+
+class NodeActorHost(RouterPart):
+    """The `ActorHost` every actor of one node shares."""
+
+    def __init__(
+        self,
+        ctx: NodeContext,
+        *,
+        opener: LiveSessionOpener,
+        control: ControlChannel,
+        outcomes: TurnOutcomes,
+        handover: Handover,
+        state_changed: Callable[[SessionActor], None],
+    ) -> None:
+        super().__init__(ctx)
+        self._opener = opener
+        self._control = control
+        self._outcomes = outcomes
+        self._handover = handover
+        self._state_changed = state_changed
+
+    @property
+    def node_id(self) -> str:
+        return self._node_id
+
+    @property
+    def config(self) -> RouterConfig:
+        return self._config
+
+    @property
+    def backends(self) -> Backends:
+        return self._backends
+
+    async def open_handle(
+        self, session_id: str, agent_ref: str, attributes: Mapping[str, Any]
+    ) -> LiveSession:
+        return await self._opener.open(session_id, agent_ref, attributes)
+
+    async def deliver_frames(self, session_id: str, frames: Sequence[Event]) -> None:
+        await self._control.deliver_frames(session_id, frames)
+
+    async def complete(self, work: TurnWork, outcome: Outcome) -> None:
+        await self._outcomes.complete(work, outcome)
+
+    async def take_over(self, message: InboundMessage) -> TurnWork | None:
+        return await self._outcomes.take_over(message)
+
+    async def answer_unreadable(self, session_id: str, entry: UnreadableEntry) -> None:
+        await self._outcomes.answer_unreadable(session_id, entry)
+
+    def holds_lease(self, session_id: str, token: int) -> bool:
+        return self._renewer.holds(session_id, token)
+
+    def lease_lost(self, actor: SessionActor) -> None:
+        self._handover.lease_lost(actor)
+
+    def events_dropped(self, session_id: str, count: int) -> None:
+        self._metrics.emit("on_events_dropped", session_id, count)
+
+    def actor_state_changed(self, actor: SessionActor) -> None:
+        self._state_changed(actor)

@@ -1,0 +1,25 @@
+"""Idempotency keys: a client's own key, or an internal per-turn key, and how long each lives."""
+
+from __future__ import annotations
+
+from .._config import RouterConfig
+from .._types import SubmitRequest
+
+#: Prefixes keep client idempotency keys and per-turn internal keys apart.
+_CLIENT_KEY = "c:"
+_TURN_KEY = "t:"
+
+
+def reservation_key(req: SubmitRequest, turn_id: str) -> str:
+    """The key a submit reserves: the client's idempotency key, else one private to the turn."""
+    if req.idempotency_key is not None:
+        return _CLIENT_KEY + req.idempotency_key
+    return _TURN_KEY + turn_id
+
+
+def primary_ttl(config: RouterConfig, key: str) -> float:
+    """How long a finished reservation keeps its answer."""
+    # Internal per-turn keys only need to outlive the pollers that may read them.
+    if key.startswith(_TURN_KEY):
+        return min(config.idempotency_primary_ttl, config.forward_ttl * 2)
+    return config.idempotency_primary_ttl

@@ -1,0 +1,133 @@
+"""The sessions this node holds: their actors, per-session locks, and claiming a free session."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from .._errors import ConflictingAgentError, SticklessError
+from ..actors import SessionActor
+from ..backends.base import HeldElsewhere, Lease
+from ._background import KeyedLocks, io, log, quiet
+from ._context import NodeContext, RouterPart
+
+#: Builds the actor of a session this node just claimed.
+ActorFactory = Callable[[str, Lease, "str | None"], SessionActor]
+
+
+class LocalSessions(RouterPart):
+    """Actors by session id; a session's actor exists exactly while this node holds its lease."""
+
+    def __init__(
+        self,
+        ctx: NodeContext,
+        new_actor: ActorFactory,
+        on_claimed: Callable[[], None],
+    ) -> None:
+        super().__init__(ctx)
+        self._new_actor = new_actor
+        self._on_claimed = on_claimed
+        self._actors: dict[str, SessionActor] = {}
+        self.locks = KeyedLocks()
+
+    def get(self, session_id: str) -> SessionActor | None:
+        return self._actors.get(session_id)
+
+    def holds(self, actor: SessionActor) -> bool:
+        """Whether `actor` is still the one serving its session here."""
+        return self._actors.get(actor.session_id) is actor
+
+    def actors(self) -> list[SessionActor]:
+        return list(self._actors.values())
+
+    def ids(self) -> list[str]:
+        return list(self._actors)
+
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self._actors
+
+    def __len__(self) -> int:
+        return len(self._actors)
+
+    def drop(self, actor: SessionActor) -> bool:
+        """Forget a stopped actor (and stop renewing its lease); False if it was already gone."""
+        if self._actors.get(actor.session_id) is not actor:
+            return False
+        del self._actors[actor.session_id]
+        self._renewer.untrack(actor.session_id)
+        return True
+
+    def clear(self) -> None:
+        """Crash path: forget every actor at once."""
+        self._actors.clear()
+
+    async def claim(self, session_id: str, agent_ref: str | None) -> SessionActor | HeldElsewhere:
+        """Lease first, then binding, then record; a loser touches no record.
+
+        Raises:
+            ConflictingAgentError: the record is bound to another agent (lease given back).
+            BackendUnavailableError: a backend failed (lease given back).
+        """
+        started = time.perf_counter()
+        won = await io(
+            self._backends.leases.acquire(session_id, self._node_id, self._config.lease_ttl)
+        )
+        self._metrics.emit(
+            "on_lock_acquire", session_id, isinstance(won, Lease), time.perf_counter() - started
+        )
+        if isinstance(won, HeldElsewhere):
+            return won
+        bound: str | None = None
+        if agent_ref is not None:
+            try:
+                bound = await io(self._backends.records.provision(session_id, agent_ref, won.token))
+            except BaseException:
+                await quiet(self._backends.leases.release(won))
+                raise
+            if bound != agent_ref:
+                await quiet(self._backends.leases.release(won))
+                raise ConflictingAgentError(
+                    f"session {session_id} is bound to agent {bound!r}, not {agent_ref!r}"
+                )
+        actor = self._new_actor(session_id, won, bound)
+        self._actors[session_id] = actor
+        self._renewer.track(won)
+        self._metrics.emit("on_cache_miss", session_id)
+        self._on_claimed()
+        return actor
+
+    async def claim_and_drain(self, session_id: str) -> bool:
+        """Make sure someone here drains the session's inbox: ring our actor, or claim it free."""
+        async with self.locks.hold(session_id):
+            if self._bg.closed:
+                return False
+            actor = self._actors.get(session_id)
+            if actor is None:
+                try:
+                    claimed = await self.claim(session_id, None)
+                except SticklessError as exc:
+                    log.info("doorbell claim of %s failed: %s", session_id, exc)
+                    return False
+                if not isinstance(claimed, SessionActor):
+                    return False
+                actor = claimed
+            if actor.accepting:
+                actor.ring()
+            return True
+
+    async def on_doorbell(self, session_id: str, held_by: str | None) -> None:
+        """The session's inbox has work: the holder drains; when nobody holds the session,
+        whoever claims it drains."""
+        actor = self._actors.get(session_id)
+        if actor is not None:
+            if actor.accepting:
+                actor.ring()
+            return
+        if held_by is not None and held_by != self._node_id:
+            return
+        await self.claim_and_drain(session_id)
+
+    async def claim_unheld(self, session_id: str) -> None:
+        """Claim and drain a session that is not held here (its inbox is known to hold work)."""
+        if session_id not in self._actors:
+            await self.claim_and_drain(session_id)

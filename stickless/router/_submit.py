@@ -1,0 +1,290 @@
+"""The submit path: validate, check the binding, reserve the idempotency key, then run the turn
+here or forward it to the session's holder (see docs/architecture.md, "A local turn")."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from .._errors import (
+    BackendUnavailableError,
+    ConflictingAgentError,
+    IdempotencyConflictError,
+    InvalidRequestError,
+)
+from .._types import SubmitRequest, TurnResult, invalid_request
+from ..actors import SessionActor, TurnWork
+from ..backends.base import Reservation, ReservationState
+from ._api import SubmitDisposition, SubmitKind
+from ._background import io, quiet
+from ._callers import Forward, settle
+from ._context import NodeContext
+from ._control import ControlChannel
+from ._keys import primary_ttl, reservation_key
+from ._outcomes import TurnOutcomes
+from ._session_part import SessionPart
+from ._sessions import LocalSessions
+
+#: Token of a forward whose lease is unknown: larger than any real token, so no EVICT fails it.
+_UNKNOWN_TOKEN = 2**62
+#: Attempts at reserving a key whose reservation keeps changing under us.
+_RESERVE_ATTEMPTS = 3
+
+
+class Verdict(enum.Enum):
+    """What a submit does, given the reservation its key already has."""
+
+    PLACE = "place"  # the key was free and is now ours: run the turn
+    ATTACH = "attach"  # the same request is in flight: follow that turn
+    CACHED = "cached"  # the same request finished: answer from the store
+    CONFLICT = "conflict"  # the key was used with a different input
+    RESET_STALE = "reset-stale"  # its holder stopped answering: reset, then try again
+    DROP_GHOST = "drop-ghost"  # this node's own refused submit: drop it, then try again
+
+
+def classify(existing: Reservation | None, input_hash: str, refused_turn_id: str | None) -> Verdict:
+    """Decide a submit from its key's existing reservation (None: we just reserved it)."""
+    if existing is None:
+        return Verdict.PLACE
+    if existing.input_hash != input_hash:
+        return Verdict.CONFLICT
+    if existing.state is ReservationState.DONE and existing.outcome is not None:
+        return Verdict.CACHED
+    if existing.stale:
+        return Verdict.RESET_STALE
+    if refused_turn_id == existing.turn_id:
+        return Verdict.DROP_GHOST
+    return Verdict.ATTACH
+
+
+class Submitter(SessionPart):
+    """Turns a request into a running (or followed, or answered) turn."""
+
+    def __init__(
+        self,
+        ctx: NodeContext,
+        sessions: LocalSessions,
+        outcomes: TurnOutcomes,
+        control: ControlChannel,
+    ) -> None:
+        super().__init__(ctx, sessions, outcomes, control)
+        #: Reservations of this node's refused submits whose removal is still being retried.
+        self._refused: dict[tuple[str, str], str] = {}
+
+    def validate(self, request: SubmitRequest | Mapping[str, Any]) -> SubmitRequest:
+        """Raises: InvalidRequestError naming the field and the rule."""
+        if isinstance(request, SubmitRequest):
+            req = request
+        else:
+            try:
+                req = SubmitRequest.model_validate(dict(request))
+            except ValidationError as exc:
+                raise invalid_request(exc) from None
+        size = len(req.input.canonical_bytes())
+        if size > self._config.max_input_bytes:
+            raise InvalidRequestError(
+                f"input: encoded size {size} bytes exceeds max_input_bytes "
+                f"({self._config.max_input_bytes})"
+            )
+        return req
+
+    async def submit(self, req: SubmitRequest) -> SubmitDisposition:
+        """Run one turn for a validated request (the public contract is SessionRouter.submit)."""
+        turn_id = uuid.uuid4().hex
+        future = self._callers.add(turn_id, req.session_id)  # before any I/O
+        try:
+            return await self._submit(req, turn_id, future)
+        except BaseException:
+            self._callers.remove(turn_id, future)
+            raise
+
+    async def _submit(
+        self, req: SubmitRequest, turn_id: str, future: asyncio.Future[TurnResult]
+    ) -> SubmitDisposition:
+        session_id = req.session_id
+        # The binding pre-check: a request bound to fail reserves nothing.
+        bound = await io(self._backends.records.binding(session_id))
+        if bound is not None and bound != req.agent_ref:
+            raise ConflictingAgentError(
+                f"session {session_id} is bound to agent {bound!r}, not {req.agent_ref!r}"
+            )
+        key = reservation_key(req, turn_id)
+        input_hash = req.input_hash()
+        for _ in range(_RESERVE_ATTEMPTS):
+            try:
+                existing = await io(
+                    self._backends.idempotency.put_if_absent(
+                        session_id,
+                        key,
+                        turn_id,
+                        input_hash,
+                        self._node_id,
+                        self._config.idempotency_secondary_ttl,
+                        primary_ttl(self._config, key),
+                    )
+                )
+            except BackendUnavailableError:
+                await self._discard(session_id, key, turn_id)  # it may have been written
+                raise
+            verdict = classify(existing, input_hash, self._refused.get((session_id, key)))
+            if verdict is Verdict.PLACE:
+                break
+            assert existing is not None
+            if verdict is Verdict.CONFLICT:
+                raise IdempotencyConflictError(
+                    f"idempotency_key {req.idempotency_key!r} was used with a different input"
+                )
+            if verdict is Verdict.CACHED:
+                return self._answer_cached(req, existing, turn_id, future)
+            if verdict is Verdict.RESET_STALE:
+                await self._outcomes.reset_stale(existing)
+            elif verdict is Verdict.DROP_GHOST:
+                # A ghost of this node's own refused submit: drop it now the store answers.
+                await io(
+                    self._backends.idempotency.discard_reservation(
+                        session_id, key, existing.turn_id
+                    )
+                )
+                self._refused.pop((session_id, key), None)
+            else:
+                return await self._attach(req, existing, turn_id, future)
+        else:
+            raise BackendUnavailableError(f"idempotency key of {session_id} keeps changing")
+        work = TurnWork.from_request(req, turn_id, key, self._node_id)
+        try:
+            return await self._place(work, future)
+        except BaseException:
+            await self._discard(session_id, key, turn_id)
+            raise
+
+    async def _discard(self, session_id: str, key: str, turn_id: str) -> None:
+        """Drop a refused submit's reservation; retried in the background if the store is down,
+        so the client's retry with the same key runs instead of following a ghost (a retry on
+        this node drops the ghost itself; elsewhere a follower learns of it from the poll)."""
+        self._renewer.disown(session_id, key)
+        try:
+            await self._backends.idempotency.discard_reservation(session_id, key, turn_id)
+        except Exception:
+            self._refused[(session_id, key)] = turn_id
+            self._bg.spawn(self._discard_later(session_id, key, turn_id), "discard-retry")
+
+    async def _discard_later(self, session_id: str, key: str, turn_id: str) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._config.forward_ttl
+        delay = 0.05
+        try:
+            while loop.time() < deadline:
+                await asyncio.sleep(delay)
+                try:
+                    await self._backends.idempotency.discard_reservation(session_id, key, turn_id)
+                except Exception:
+                    delay = min(delay * 2, 1.0)
+                else:
+                    return
+        finally:
+            if self._refused.get((session_id, key)) == turn_id:
+                del self._refused[(session_id, key)]
+
+    def _answer_cached(
+        self,
+        req: SubmitRequest,
+        existing: Reservation,
+        turn_id: str,
+        future: asyncio.Future[TurnResult],
+    ) -> SubmitDisposition:
+        assert existing.outcome is not None
+        self._callers.remove(turn_id, future)
+        settle(future, req.session_id, existing.outcome)
+        return self._disposition(
+            SubmitKind.EXECUTED_LOCALLY, req.session_id, existing.turn_id, future
+        )
+
+    async def _attach(
+        self,
+        req: SubmitRequest,
+        existing: Reservation,
+        turn_id: str,
+        future: asyncio.Future[TurnResult],
+    ) -> SubmitDisposition:
+        """Same key, same input, in flight: follow the original turn (no new turn)."""
+        token = await self._running_token(req.session_id)
+        self._callers.remove(turn_id, future)
+        self._callers.follow(existing.turn_id, future, req.session_id)
+        self._callers.track(
+            Forward(req.session_id, existing.key, existing.turn_id, self._deadline(), token),
+            replace=False,
+        )
+        return self._disposition(SubmitKind.FORWARDED, req.session_id, existing.turn_id, future)
+
+    def _disposition(
+        self,
+        kind: SubmitKind,
+        session_id: str,
+        turn_id: str,
+        future: asyncio.Future[TurnResult],
+        message_id: str | None = None,
+    ) -> SubmitDisposition:
+        self._metrics.emit("on_submit", session_id, kind.value)
+        return SubmitDisposition(kind, session_id, turn_id, self._node_id, future, message_id)
+
+    async def _running_token(self, session_id: str) -> int:
+        """The lease token a followed turn runs under, as far as this node can tell.
+
+        Only an EVICT of that lease (or a later one) may fail the follower. When no lease is
+        visible the token is unknown: no EVICT fails the follower, whose answer then comes from
+        the turn's result or the store poll, both of which record an eviction too.
+        """
+        actor = self._sessions.get(session_id)
+        if actor is not None:
+            return actor.token
+        lease = await quiet(self._backends.leases.current(session_id))
+        return lease.token if lease is not None else _UNKNOWN_TOKEN
+
+    async def _place(self, work: TurnWork, future: asyncio.Future[TurnResult]) -> SubmitDisposition:
+        """Run on this node's actor (claiming the session if free), else forward to the holder."""
+        session_id = work.session_id
+        async with self._sessions.locks.hold(session_id):
+            actor = self._sessions.get(session_id)
+            if actor is not None and actor.accepting and actor.lease is not None:
+                self._renewer.own(session_id, work.key)
+                actor.enqueue(work)
+                self._metrics.emit("on_cache_hit", session_id)
+                return self._disposition(
+                    SubmitKind.EXECUTED_LOCALLY, session_id, work.turn_id, future
+                )
+            if actor is None:
+                claimed = await self._sessions.claim(session_id, work.agent_ref)
+                if isinstance(claimed, SessionActor):
+                    self._renewer.own(session_id, work.key)
+                    claimed.enqueue(work)
+                    return self._disposition(
+                        SubmitKind.EXECUTED_LOCALLY, session_id, work.turn_id, future
+                    )
+                held_by, token = claimed.holder, claimed.token
+            else:  # our actor is stopping: queue behind it; its hand-over rings the doorbell
+                held_by, token = self._node_id, actor.token
+        return await self._forward(work, future, held_by, token)
+
+    async def _forward(
+        self, work: TurnWork, future: asyncio.Future[TurnResult], held_by: str, token: int
+    ) -> SubmitDisposition:
+        idem = self._backends.idempotency
+        await io(
+            idem.release_holder(work.session_id, work.key, self._node_id, self._config.forward_ttl)
+        )
+        message_id = await io(self._backends.inbox.deliver(work.to_envelope()))
+        self._callers.track(
+            Forward(work.session_id, work.key, work.turn_id, self._deadline(), token)
+        )
+        await self._control.ring_doorbell(work.session_id, held_by)
+        return self._disposition(
+            SubmitKind.FORWARDED, work.session_id, work.turn_id, future, message_id
+        )
+
+    def _deadline(self) -> float:
+        return asyncio.get_running_loop().time() + self._config.forward_ttl

@@ -1,0 +1,162 @@
+"""The router's periodic work: watchdog heartbeat, forward poll, cache sweep, holder-loss sweep,
+orphan scan and status heartbeat; the choice of sessions to close is a pure function."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+
+from .._errors import SticklessError
+from ..actors import SessionActor, StopReason
+from ._background import log, quiet
+from ._callers import Forward, expired, judge_forward
+from ._context import NodeContext
+from ._control import ControlChannel
+from ._handover import Handover
+from ._outcomes import TurnOutcomes
+from ._session_part import SessionPart
+from ._sessions import LocalSessions
+
+
+def idle_victims(actors: Iterable[SessionActor], now: float, idle_ttl: float) -> list[SessionActor]:
+    """Actors with nothing to do for at least `idle_ttl`."""
+    return [
+        actor
+        for actor in actors
+        if not actor.busy
+        and actor.accepting
+        and actor.queued == 0
+        and now - actor.last_active >= idle_ttl
+    ]
+
+
+def lru_victims(actors: Iterable[SessionActor], keep: int) -> list[SessionActor]:
+    """The least recently used actors past `keep` that are not already closing."""
+    ordered = list(actors)
+    excess = len(ordered) - keep
+    victims: list[SessionActor] = []
+    for actor in sorted(ordered, key=lambda a: a.last_active):
+        if len(victims) >= excess:
+            break
+        if actor.close_requested or not actor.accepting:
+            continue
+        victims.append(actor)
+    return victims
+
+
+class Sweeps(SessionPart):
+    """Runs the periodic loops until the router stops."""
+
+    def __init__(
+        self,
+        ctx: NodeContext,
+        sessions: LocalSessions,
+        outcomes: TurnOutcomes,
+        control: ControlChannel,
+        handover: Handover,
+    ) -> None:
+        super().__init__(ctx, sessions, outcomes, control)
+        self._handover = handover
+
+    def start(self) -> None:
+        self._bg.start_loops(
+            self._heartbeat_loop(),
+            self._forward_poll_loop(),
+            self._cache_sweep_loop(),
+            self._status_heartbeat_loop(),
+            self._holder_loss_sweep_loop(),
+        )
+
+    def enforce_lru(self) -> None:
+        """Keep at most `max_cached_sessions` actors: close the least recently used idle ones;
+        a busy (pinned) one is closed when its turn ends."""
+        for actor in lru_victims(self._sessions.actors(), self._config.max_cached_sessions):
+            actor.close_requested = True
+            if not actor.busy:
+                self._handover.give_up_later(actor, StopReason.LRU)
+
+    async def _heartbeat_loop(self) -> None:
+        """Tell the renewer's watchdog that this loop is alive."""
+        interval = min(self._config.lease_extend_interval / 2, 1.0)
+        while True:
+            self._renewer.beat()
+            if not await self._bg.pause(interval):
+                return
+
+    async def _forward_poll_loop(self) -> None:
+        while await self._bg.pause(self._config.forward_poll_interval):
+            for forward in self._callers.forwards():
+                await self._poll_forward(forward)
+
+    async def _poll_forward(self, forward: Forward) -> None:
+        """Deadline first, then the store's answer, then re-ring an orphaned inbox."""
+        if not self._callers.tracked(forward):
+            return
+        now = asyncio.get_running_loop().time()
+        timeout = expired(forward, now, self._config.forward_ttl)
+        if timeout is not None:
+            self._callers.resolve(timeout)
+            return
+        try:
+            found = await self._backends.idempotency.find(forward.session_id, forward.key)
+        except Exception as exc:
+            log.warning("forward poll of %s failed: %s", forward.turn_id, exc)
+        else:
+            answer = judge_forward(forward, found)
+            if answer is not None:
+                self._callers.resolve(answer)
+                return
+        empty = await quiet(self._backends.inbox.is_empty(forward.session_id))
+        if empty is True:
+            return
+        self._metrics.emit("on_forward_doorbell_rerung", forward.session_id)
+        await self._sessions.claim_unheld(forward.session_id)
+        await self._control.ring_doorbell(forward.session_id, None)
+
+    async def _cache_sweep_loop(self) -> None:
+        interval = max(0.05, min(self._config.idle_ttl / 2, 30.0))
+        while await self._bg.pause(interval):
+            now = asyncio.get_running_loop().time()
+            for actor in idle_victims(self._sessions.actors(), now, self._config.idle_ttl):
+                self._handover.give_up_later(actor, StopReason.IDLE)
+
+    async def _holder_loss_sweep_loop(self) -> None:
+        while await self._bg.pause(self._config.holder_loss_sweep_interval):
+            await self.sweep_holder_loss()
+            await self._scan_orphans()
+
+    async def sweep_holder_loss(self) -> None:
+        """Reset stale IN_FLIGHT reservations; each reset's one winner announces it."""
+        try:
+            stale = await self._backends.idempotency.find_stale_in_flight(limit=256)
+        except Exception as exc:
+            log.warning("holder-loss sweep failed: %s", exc)
+            return
+        owned = self._renewer.owned()
+        for reservation in stale:
+            if reservation.holder == self._node_id and (
+                (reservation.session_id, reservation.key) in owned
+            ):
+                continue  # ours and alive: only our touches lag; never announce a live turn
+            try:
+                await self._outcomes.reset_stale(reservation)
+            except SticklessError as exc:
+                log.warning("holder-loss reset of %s failed: %s", reservation.turn_id, exc)
+
+    async def _scan_orphans(self) -> None:
+        """Claim sessions whose inbox waited past a lease TTL with nobody collecting."""
+        try:
+            sessions = await self._backends.inbox.pending_sessions(self._config.lease_ttl)
+        except Exception as exc:
+            log.warning("orphan scan failed: %s", exc)
+            return
+        for session_id in sessions:
+            await self._sessions.claim_unheld(session_id)
+
+    async def _status_heartbeat_loop(self) -> None:
+        """Re-announce every running session's state (one batched publish per heartbeat)."""
+        while await self._bg.pause(self._config.status_heartbeat_interval):
+            signals = self._board.heartbeat(self._sessions.actors(), time.time())
+            if signals:
+                await quiet(self._backends.signals.publish_many(signals))
