@@ -95,6 +95,8 @@ class RunningTurn:
     interrupt_reason: str = ""
     #: NOW messages the agent accepted into this turn; they get this turn's outcome.
     joined: list[TurnWork] = field(default_factory=list)
+    #: Set once the agent task ended: no message joins the turn after that.
+    concluded: bool = False
 
 
 class SessionActor:
@@ -121,6 +123,8 @@ class SessionActor:
         self.close_requested = False
         self._stopping: asyncio.Future[list[TurnWork]] | None = None
         self._side_tasks: set[asyncio.Task[Any]] = set()
+        #: NOW work offered to the running turn whose `inject` has not answered yet.
+        self._injecting: list[TurnWork] = []
         self.last_active = asyncio.get_running_loop().time()
 
     # ------------------------------------------------------------------ state
@@ -268,19 +272,29 @@ class SessionActor:
         return []
 
     async def _offer_injection(self, works: list[TurnWork]) -> None:
+        """Offer NOW work to the running turn; what it does not take joins the mailbox.
+
+        A message joins only if the agent accepts it while the turn is still running: an
+        acceptance that arrives after the turn ended would join a turn whose callers were already
+        answered, so such a message runs as a turn of its own. Until the agent answers, the work
+        is held in `_injecting`, where a stopping actor finds it and hands it on.
+        """
         running = self.running
         inject = getattr(self._handle, "inject", None)
+        self._injecting.extend(works)
         for work in works:
             accepted = False
             if running is not None and self.running is running and inject is not None:
                 if work.agent_ref != self.agent_ref:
+                    self._injecting.remove(work)
                     await self._reject(work)
                     continue
                 try:
                     accepted = bool(await inject(work.input))
                 except Exception:
                     log.exception("inject failed for %s", self.session_id)
-            if accepted and running is not None:
+            self._injecting.remove(work)
+            if accepted and running is not None and not running.concluded:
                 running.joined.append(work)
             else:
                 heapq.heappush(self._mailbox, (work.sort_key, work))
@@ -420,6 +434,7 @@ class SessionActor:
             relay.abort()
             self.running = None
             raise
+        running.concluded = True
         outcome, terminal = await self._conclude(running, task)
         relay.emit(terminal)  # flushed by its dispatcher; the caller is not kept waiting for it
         self.running = None
@@ -490,6 +505,17 @@ class SessionActor:
         if self._last_relay is not None:
             # Terminal frames go out before the session's EVICT or hand-over is announced.
             await self._last_relay.flushed(self._host.config.release_interrupt_timeout)
+        # Side tasks (NOW collects, injections) end before the queue is handed on, so nothing
+        # they hold is lost: a collect gets the grace to finish taking its batch over, and an
+        # injection cut short leaves its work in `_injecting`.
+        if self._side_tasks:
+            await asyncio.wait(tuple(self._side_tasks), timeout=self._host.config.interrupt_grace)
+        for side in tuple(self._side_tasks):
+            side.cancel()
+        if self._side_tasks:
+            await asyncio.wait(tuple(self._side_tasks))
+        self._mailbox.extend((work.sort_key, work) for work in self._injecting)
+        self._injecting.clear()
         pending = [work for _, work in sorted(self._mailbox, key=lambda item: item[0])]
         self._mailbox.clear()
         handle, self._handle = self._handle, None
@@ -498,8 +524,6 @@ class SessionActor:
                 await asyncio.wait_for(handle.aclose(), self._host.config.release_interrupt_timeout)
             except Exception:
                 log.exception("closing the live session %s failed", self.session_id)
-        for side in tuple(self._side_tasks):
-            side.cancel()
         return pending
 
 
