@@ -317,8 +317,9 @@ class IdempotencyStore(Protocol):
     async def compare_and_reset(
         self, session_id: str, key: str, expected_holder: str | None, outcome: Outcome
     ) -> bool:
-        """If IN_FLIGHT and held by `expected_holder`, mark it FAILED with `outcome`; exactly one
-        of several concurrent callers wins."""
+        """If IN_FLIGHT for `outcome.turn_id` and held by `expected_holder`, mark it FAILED with
+        `outcome`; exactly one of several concurrent callers wins, and a newer attempt under the
+        same key is never reset by a decision about an older one."""
         ...
 
     async def discard_reservation(self, session_id: str, key: str, turn_id: str) -> bool:

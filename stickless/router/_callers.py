@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import FailureCode, RouterClosedError, TurnFailedError
@@ -13,9 +13,9 @@ from ..backends.base import Reservation
 from ..wire import Outcome
 
 
-@dataclass
+@dataclass(eq=False)
 class Forward:
-    """A caller on this node waiting for a turn that runs (or will run) elsewhere."""
+    """A turn that runs (or will run) elsewhere, followed by callers on this node."""
 
     session_id: str
     key: str
@@ -23,44 +23,75 @@ class Forward:
     deadline: float
     #: Token of the lease the turn runs under; only an EVICT of that lease or a later one fails it.
     token: int
+    timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+
+
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    future: asyncio.Future[TurnResult]
+    session_id: str
+    #: True when the caller follows the turn from afar (a forward's deadline applies to it).
+    forwarded: bool
 
 
 class CallerTable:
-    """Futures of callers waiting on turns, and the forwards among them that need polling."""
+    """Futures of callers waiting on turns, and the forwards among them with their deadlines.
 
-    def __init__(self) -> None:
-        self._waiters: dict[str, list[tuple[asyncio.Future[TurnResult], str]]] = {}
+    A forward's deadline is a timer, not a poll: when it passes, the forwarded callers of the
+    turn get FORWARD_TIMEOUT at once, whatever the store is doing, and `on_expired` is told so the
+    router can withdraw the message. Callers of a turn that runs on this node are never failed
+    by a deadline.
+    """
+
+    def __init__(self, forward_ttl: float, on_expired: Callable[[Forward], None]) -> None:
+        self._forward_ttl = forward_ttl
+        self._on_expired = on_expired
+        self._waiters: dict[str, list[_Waiter]] = {}
         self._forwards: dict[str, Forward] = {}
 
     def add(self, turn_id: str, session_id: str) -> asyncio.Future[TurnResult]:
         """Register a caller of a new turn (before any I/O, so no answer can be missed)."""
         future: asyncio.Future[TurnResult] = asyncio.get_running_loop().create_future()
         future.add_done_callback(_consume_exception)
-        self.follow(turn_id, future, session_id)
+        self.follow(turn_id, future, session_id, forwarded=False)
         return future
 
-    def follow(self, turn_id: str, future: asyncio.Future[TurnResult], session_id: str) -> None:
+    def follow(
+        self,
+        turn_id: str,
+        future: asyncio.Future[TurnResult],
+        session_id: str,
+        *,
+        forwarded: bool,
+    ) -> None:
         """Make an existing caller's future wait on `turn_id`."""
-        self._waiters.setdefault(turn_id, []).append((future, session_id))
+        self._waiters.setdefault(turn_id, []).append(_Waiter(future, session_id, forwarded))
 
     def remove(self, turn_id: str, future: asyncio.Future[TurnResult]) -> None:
         waiters = self._waiters.get(turn_id)
         if waiters is None:
             return
-        waiters[:] = [(f, s) for f, s in waiters if f is not future]
+        waiters[:] = [w for w in waiters if w.future is not future]
         if not waiters:
             del self._waiters[turn_id]
-            self._forwards.pop(turn_id, None)
+            self._drop_forward(turn_id)
 
     def waiting(self, turn_id: str) -> bool:
         return turn_id in self._waiters
 
     def track(self, forward: Forward, *, replace: bool = True) -> None:
-        """Poll for `forward`'s answer; with `replace=False` an existing forward is kept."""
-        if replace:
-            self._forwards[forward.turn_id] = forward
-        else:
-            self._forwards.setdefault(forward.turn_id, forward)
+        """Follow a turn from afar: its callers here become forwarded, with `forward`'s deadline.
+
+        With `replace=False` an existing forward (and its deadline) is kept.
+        """
+        if not replace and forward.turn_id in self._forwards:
+            return
+        self._drop_forward(forward.turn_id)
+        for waiter in self._waiters.get(forward.turn_id, ()):
+            waiter.forwarded = True
+        loop = asyncio.get_running_loop()
+        forward.timer = loop.call_at(forward.deadline, self.expire_if_due, forward)
+        self._forwards[forward.turn_id] = forward
 
     def tracked(self, forward: Forward) -> bool:
         """Whether `forward` is still the one followed for its turn."""
@@ -72,11 +103,29 @@ class CallerTable:
             [f for f in self._forwards.values() if session_id is None or f.session_id == session_id]
         )
 
+    def expire_if_due(self, forward: Forward) -> bool:
+        """At or past its deadline, answer the forward's callers FORWARD_TIMEOUT; True if so."""
+        if not self.tracked(forward):
+            return False
+        timeout = expired(forward, asyncio.get_running_loop().time(), self._forward_ttl)
+        if timeout is None:
+            return False
+        self._drop_forward(forward.turn_id)
+        waiters = self._waiters.pop(forward.turn_id, [])
+        staying = [w for w in waiters if not w.forwarded]
+        if staying:
+            self._waiters[forward.turn_id] = staying
+        for waiter in waiters:
+            if waiter.forwarded:
+                settle(waiter.future, waiter.session_id, timeout)
+        self._on_expired(forward)
+        return True
+
     def resolve(self, outcome: Outcome) -> None:
         """Answer every caller of the outcome's turn."""
-        self._forwards.pop(outcome.turn_id, None)
-        for future, session_id in self._waiters.pop(outcome.turn_id, ()):
-            settle(future, session_id, outcome)
+        self._drop_forward(outcome.turn_id)
+        for waiter in self._waiters.pop(outcome.turn_id, ()):
+            settle(waiter.future, waiter.session_id, outcome)
 
     def fail(self, turn_id: str, code: FailureCode, message: str) -> None:
         self.resolve(Outcome.failure(turn_id, code, message))
@@ -84,11 +133,17 @@ class CallerTable:
     def fail_all(self, message: str) -> None:
         """The router is closing or crashed: every waiting caller gets RouterClosedError."""
         waiters, self._waiters = self._waiters, {}
-        self._forwards.clear()
+        for turn_id in list(self._forwards):
+            self._drop_forward(turn_id)
         for turn_id, entries in waiters.items():
-            for future, _ in entries:
-                if not future.done():
-                    future.set_exception(RouterClosedError(f"{message} (turn {turn_id})"))
+            for waiter in entries:
+                if not waiter.future.done():
+                    waiter.future.set_exception(RouterClosedError(f"{message} (turn {turn_id})"))
+
+    def _drop_forward(self, turn_id: str) -> None:
+        forward = self._forwards.pop(turn_id, None)
+        if forward is not None and forward.timer is not None:
+            forward.timer.cancel()
 
 
 def expired(forward: Forward, now: float, forward_ttl: float) -> Outcome | None:
@@ -98,7 +153,8 @@ def expired(forward: Forward, now: float, forward_ttl: float) -> Outcome | None:
     return Outcome.failure(
         forward.turn_id,
         FailureCode.FORWARD_TIMEOUT,
-        f"no answer within forward_ttl ({forward_ttl}s)",
+        f"no answer within forward_ttl ({forward_ttl}s); unless it was withdrawn in time the turn "
+        "may still run: retry with the same idempotency key to learn its outcome",
     )
 
 

@@ -14,6 +14,7 @@ from ._background import io, log, quiet
 from ._callers import Forward
 from ._context import NodeContext
 from ._control import ControlChannel
+from ._keys import queued_staleness
 from ._outcomes import TurnOutcomes
 from ._session_part import SessionPart
 from ._sessions import LocalSessions
@@ -108,7 +109,7 @@ class Handover(SessionPart):
             try:
                 if work.takeover.owns:
                     await self._backends.idempotency.release_holder(
-                        work.session_id, work.key, self._node_id, self._config.forward_ttl
+                        work.session_id, work.key, self._node_id, queued_staleness(self._config)
                     )
                 self._renewer.disown(work.session_id, work.key)
                 await self._backends.inbox.deliver(work.to_envelope())

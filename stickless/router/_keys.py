@@ -23,3 +23,9 @@ def primary_ttl(config: RouterConfig, key: str) -> float:
     if key.startswith(_TURN_KEY):
         return min(config.idempotency_primary_ttl, config.forward_ttl * 2)
     return config.idempotency_primary_ttl
+
+
+def queued_staleness(config: RouterConfig) -> float:
+    """How long a queued (holderless) reservation waits before the holder-loss sweep may reset
+    it: past `forward_ttl`, so the submitter's own deadline decides first."""
+    return config.forward_ttl + config.idempotency_secondary_ttl

@@ -31,7 +31,7 @@ from ..wire import (
 )
 from ._api import ClusterSessionStatus, SessionState, SubmitDisposition
 from ._background import Background, io, quiet
-from ._callers import CallerTable
+from ._callers import CallerTable, Forward
 from ._context import NodeContext
 from ._control import ControlChannel, SignalHandler
 from ._handover import Handover
@@ -72,7 +72,7 @@ class SessionRouter:
             watchdog_timeout=config.effective_watchdog_timeout,
             on_lost=self._lost_on_renewer_thread,
         )
-        self._callers = CallerTable()
+        self._callers = CallerTable(config.forward_ttl, on_expired=self._forward_expired)
         self._board = StatusBoard(node_id)
         ctx = NodeContext(
             node_id,
@@ -333,6 +333,9 @@ class SessionRouter:
         if self._board.changed(actor.session_id) and self._loop is not None:
             self._status_flush = self._loop.call_later(STATUS_COALESCE, self._flush_status)
         self._handover.settled(actor)
+
+    def _forward_expired(self, forward: Forward) -> None:
+        self._bg.spawn(self._sweeps.withdraw(forward), "withdraw")
 
     def _flush_status(self) -> None:
         self._status_flush = None

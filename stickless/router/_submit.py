@@ -25,7 +25,7 @@ from ._background import io, quiet
 from ._callers import Forward, settle
 from ._context import NodeContext
 from ._control import ControlChannel
-from ._keys import primary_ttl, reservation_key
+from ._keys import primary_ttl, queued_staleness, reservation_key
 from ._outcomes import TurnOutcomes
 from ._session_part import SessionPart
 from ._sessions import LocalSessions
@@ -211,14 +211,22 @@ class Submitter(SessionPart):
         turn_id: str,
         future: asyncio.Future[TurnResult],
     ) -> SubmitDisposition:
-        """Same key, same input, in flight: follow the original turn (no new turn)."""
-        token = await self._running_token(req.session_id)
+        """Same key, same input, in flight: follow the original turn (no new turn).
+
+        A turn this node runs is followed like a local one (this node answers it); one running
+        elsewhere is followed as a forward, with a deadline.
+        """
         self._callers.remove(turn_id, future)
-        self._callers.follow(existing.turn_id, future, req.session_id)
-        self._callers.track(
-            Forward(req.session_id, existing.key, existing.turn_id, self._deadline(), token),
-            replace=False,
-        )
+        actor = self._sessions.get(req.session_id)
+        if existing.holder == self._node_id and actor is not None and actor.lease is not None:
+            self._callers.follow(existing.turn_id, future, req.session_id, forwarded=False)
+        else:
+            token = await self._running_token(req.session_id)
+            self._callers.follow(existing.turn_id, future, req.session_id, forwarded=True)
+            self._callers.track(
+                Forward(req.session_id, existing.key, existing.turn_id, self._deadline(), token),
+                replace=False,
+            )
         return self._disposition(SubmitKind.FORWARDED, req.session_id, existing.turn_id, future)
 
     def _disposition(
@@ -275,7 +283,9 @@ class Submitter(SessionPart):
     ) -> SubmitDisposition:
         idem = self._backends.idempotency
         await io(
-            idem.release_holder(work.session_id, work.key, self._node_id, self._config.forward_ttl)
+            idem.release_holder(
+                work.session_id, work.key, self._node_id, queued_staleness(self._config)
+            )
         )
         message_id = await io(self._backends.inbox.deliver(work.to_envelope()))
         self._callers.track(

@@ -7,10 +7,11 @@ import asyncio
 import time
 from collections.abc import Iterable
 
-from .._errors import SticklessError
+from .._errors import FailureCode, SticklessError
 from ..actors import SessionActor, StopReason
+from ..wire import Outcome
 from ._background import log, quiet
-from ._callers import Forward, expired, judge_forward
+from ._callers import Forward, judge_forward
 from ._context import NodeContext
 from ._control import ControlChannel
 from ._handover import Handover
@@ -91,12 +92,7 @@ class Sweeps(SessionPart):
 
     async def _poll_forward(self, forward: Forward) -> None:
         """Deadline first, then the store's answer, then re-ring an orphaned inbox."""
-        if not self._callers.tracked(forward):
-            return
-        now = asyncio.get_running_loop().time()
-        timeout = expired(forward, now, self._config.forward_ttl)
-        if timeout is not None:
-            self._callers.resolve(timeout)
+        if not self._callers.tracked(forward) or self._callers.expire_if_due(forward):
             return
         try:
             found = await self._backends.idempotency.find(forward.session_id, forward.key)
@@ -113,6 +109,18 @@ class Sweeps(SessionPart):
         self._metrics.emit("on_forward_doorbell_rerung", forward.session_id)
         await self._sessions.claim_unheld(forward.session_id)
         await self._control.ring_doorbell(forward.session_id, None)
+
+    async def withdraw(self, forward: Forward) -> None:
+        """A forward's deadline passed: if its message is still queued, make sure it never runs
+        (its reservation then records why, and a retry with the same key runs fresh)."""
+        withdrawn = Outcome.failure(
+            forward.turn_id,
+            FailureCode.FORWARD_TIMEOUT,
+            f"not run: still queued when forward_ttl ({self._config.forward_ttl}s) passed",
+            self._node_id,
+        )
+        idem = self._backends.idempotency
+        await quiet(idem.compare_and_reset(forward.session_id, forward.key, None, withdrawn))
 
     async def _cache_sweep_loop(self) -> None:
         interval = max(0.05, min(self._config.idle_ttl / 2, 30.0))

@@ -388,6 +388,16 @@ async def test_compare_and_reset_of_holderless_and_finished(backends: Backends) 
     assert (await _find(backends, "done")).outcome == _ok()
 
 
+async def test_compare_and_reset_only_resets_the_turn_it_names(backends: Backends) -> None:
+    # Given a reservation made for turn t1
+    await _reserve(backends)
+    # When a decision about another attempt under the same key tries to reset it
+    other = await backends.idempotency.compare_and_reset("s1", "k1", "node-a", _failed("t0"))
+    # Then the reservation of t1 is untouched
+    assert other is False
+    assert (await _find(backends)).state is ReservationState.IN_FLIGHT
+
+
 async def test_concurrent_compare_and_reset_has_one_winner(backends: Backends) -> None:
     # Given a reservation held by a node that died
     await _reserve(backends)

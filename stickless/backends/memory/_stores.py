@@ -380,12 +380,12 @@ class MemoryIdempotencyStore:
     async def compare_and_reset(
         self, session_id: str, key: str, expected_holder: str | None, outcome: Outcome
     ) -> bool:
-        """Mark FAILED with `outcome` if IN_FLIGHT and held by `expected_holder`."""
+        """Mark FAILED with `outcome` if IN_FLIGHT for its turn and held by `expected_holder`."""
         data = outcome.encode()
         with self._link.open() as state:
             now = state.clock()
             row = _live_reservation(state, session_id, key, now)
-            if row is None or not _held_by(row, expected_holder):
+            if row is None or row.turn_id != outcome.turn_id or not _held_by(row, expected_holder):
                 return False
             row.state = ReservationState.FAILED
             row.outcome = data

@@ -522,13 +522,14 @@ class RedisIdempotencyStore(_Role):
     async def compare_and_reset(
         self, session_id: str, key: str, expected_holder: str | None, outcome: Outcome
     ) -> bool:
-        """Mark FAILED with `outcome` if IN_FLIGHT and held by `expected_holder`."""
+        """Mark FAILED with `outcome` if IN_FLIGHT for its turn and held by `expected_holder`."""
         reply = await self._scripts.idem_reset(
             keys=[self._keys.reservation(session_id, key)],
             args=[
                 "0" if expected_holder is None else "1",
                 expected_holder or "",
                 outcome.encode(),
+                outcome.turn_id,
             ],
         )
         if not int(reply[0]):

@@ -1,8 +1,9 @@
--- KEYS: reservation hash. ARGV: 1 when a holder is expected (0: holderless), holder, outcome.
--- Marks FAILED if IN_FLIGHT and held as expected. Reply: {1, turn} when reset, else {0}.
+-- KEYS: reservation hash. ARGV: 1 when a holder is expected (0: holderless), holder, outcome,
+-- the outcome's turn id. Marks FAILED if IN_FLIGHT for that turn and held as expected.
+-- Reply: {1, turn} when reset, else {0}.
 local t = now()
 local r = load_reservation(KEYS[1], t)
-if not r or r.state ~= 'IN_FLIGHT' then
+if not r or r.state ~= 'IN_FLIGHT' or r.turn ~= ARGV[4] then
   return {0}
 end
 if ARGV[1] == '1' then
