@@ -18,6 +18,18 @@ class FailureCode(enum.StrEnum):
     CONFLICTING_AGENT = "CONFLICTING_AGENT"
     EVICTED = "EVICTED"
     FORWARD_TIMEOUT = "FORWARD_TIMEOUT"
+    #: The node running the turn shut down gracefully before the turn ended.
+    SHUTDOWN = "SHUTDOWN"
+
+    @property
+    def final(self) -> bool:
+        """Whether this answer stays the idempotency key's answer (a retry gets it again).
+
+        Only what the user or the agent binding decided is final; an answer caused by the
+        infrastructure (a lost holder or lease, shutdown, eviction, a timeout, an unreadable
+        entry, a failed run) leaves the key free, so a retry runs fresh.
+        """
+        return self in (FailureCode.INTERRUPTED, FailureCode.CONFLICTING_AGENT)
 
     @classmethod
     def parse(cls, value: str) -> FailureCode:
@@ -76,28 +88,43 @@ class TurnFailedError(SticklessError):
         *,
         session_id: str = "",
         turn_id: str = "",
+        executed_by: str = "",
     ) -> None:
         super().__init__(f"{code.value}: {message}" if message else code.value)
         self.code = code
         self.detail = message
         self.session_id = session_id
         self.turn_id = turn_id
+        #: The node that ended the turn (ran it, or decided its answer); "" when unknown.
+        self.executed_by = executed_by
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             _rebuild_turn_failure,
-            (type(self), self.code.value, self.detail, self.session_id, self.turn_id),
+            (
+                type(self),
+                self.code.value,
+                self.detail,
+                self.session_id,
+                self.turn_id,
+                self.executed_by,
+            ),
         )
 
     @staticmethod
     def of(
-        code: FailureCode, message: str = "", *, session_id: str = "", turn_id: str = ""
+        code: FailureCode,
+        message: str = "",
+        *,
+        session_id: str = "",
+        turn_id: str = "",
+        executed_by: str = "",
     ) -> TurnFailedError:
         """Build the subclass for `code` (CONFLICTING_AGENT is also a ConflictingAgentError)."""
         cls = (
             TurnConflictingAgentError if code is FailureCode.CONFLICTING_AGENT else TurnFailedError
         )
-        return cls(code, message, session_id=session_id, turn_id=turn_id)
+        return cls(code, message, session_id=session_id, turn_id=turn_id, executed_by=executed_by)
 
 
 class TurnConflictingAgentError(TurnFailedError, ConflictingAgentError):
@@ -105,6 +132,17 @@ class TurnConflictingAgentError(TurnFailedError, ConflictingAgentError):
 
 
 def _rebuild_turn_failure(
-    cls: type[TurnFailedError], code: str, message: str, session_id: str, turn_id: str
+    cls: type[TurnFailedError],
+    code: str,
+    message: str,
+    session_id: str,
+    turn_id: str,
+    executed_by: str = "",
 ) -> TurnFailedError:
-    return cls(FailureCode.parse(code), message, session_id=session_id, turn_id=turn_id)
+    return cls(
+        FailureCode.parse(code),
+        message,
+        session_id=session_id,
+        turn_id=turn_id,
+        executed_by=executed_by,
+    )

@@ -28,6 +28,12 @@ class _Frame(BaseModel):
     event_id: StrictStr | None = None
 
 
+class _TerminalFrame(_Frame):
+    """A frame that ends its turn; it names the node that ran the turn (or decided its end)."""
+
+    executed_by: StrictStr = ""
+
+
 class TurnStarted(_Frame):
     type: Literal["turn_started"] = "turn_started"
     executed_by: StrictStr = ""
@@ -63,13 +69,13 @@ class MessageCompleted(_Frame):
     text: StrictStr
 
 
-class TurnCompleted(_Frame):
+class TurnCompleted(_TerminalFrame):
     type: Literal["turn_completed"] = "turn_completed"
     text: StrictStr = ""
     data: PrimitiveMap = Field(default_factory=dict)
 
 
-class TurnFailed(_Frame):
+class TurnFailed(_TerminalFrame):
     type: Literal["turn_failed"] = "turn_failed"
     code: FailureCode = FailureCode.FAILED
     message: StrictStr = ""
@@ -81,12 +87,12 @@ class TurnFailed(_Frame):
         return FailureCode.parse(value) if isinstance(value, str) else value
 
 
-class Interrupted(_Frame):
+class Interrupted(_TerminalFrame):
     type: Literal["interrupted"] = "interrupted"
     reason: StrictStr
 
 
-class Rejected(_Frame):
+class Rejected(_TerminalFrame):
     type: Literal["rejected"] = "rejected"
     reason: StrictStr
     message: StrictStr = ""

@@ -107,9 +107,11 @@ def salvage_addresses(data: bytes) -> tuple[str | None, str | None]:
 
 
 class SignalKind(enum.StrEnum):
-    """The seven cross-node signal kinds."""
+    """The cross-node signal kinds."""
 
     INTERRUPT = "INTERRUPT"
+    #: A node that acted on an INTERRUPT (interrupted or cancelled a turn) tells the requester.
+    INTERRUPT_ACK = "INTERRUPT_ACK"
     EVICT = "EVICT"
     YIELD = "YIELD"
     MESSAGE_ENQUEUED = "MESSAGE_ENQUEUED"
@@ -154,6 +156,13 @@ class InterruptPayload(BaseModel):
     model_config = _wire()
     reason: StrictStr
     turn_id: StrictStr | None = None
+    #: Set when the requester waits for an INTERRUPT_ACK naming it.
+    request_id: StrictStr | None = None
+
+
+class InterruptAckPayload(BaseModel):
+    model_config = _wire()
+    request_id: StrictStr
 
 
 class EvictPayload(BaseModel):
@@ -191,6 +200,11 @@ class Outcome(BaseModel):
     @property
     def failure_code(self) -> FailureCode:
         return FailureCode.parse(self.code)
+
+    @property
+    def final(self) -> bool:
+        """Whether the key keeps this answer (DONE) or is left free for a fresh run (FAILED)."""
+        return self.ok or self.failure_code.final
 
     def encode(self) -> bytes:
         return pack(self.model_dump(mode="python"))

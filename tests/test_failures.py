@@ -296,7 +296,8 @@ async def test_graceful_shutdown_hands_sessions_over_at_once(journal: Journal) -
         # another node, and all of it well under one lease TTL (30 s here)
         with pytest.raises(TurnFailedError) as interrupted:
             await long_turn.result
-        assert interrupted.value.code is FailureCode.INTERRUPTED
+        assert interrupted.value.code is FailureCode.SHUTDOWN
+        assert interrupted.value.executed_by == a.node_id
         result = await asyncio.wait_for(queued.result, 10)
         assert result.executed_by in (b.node_id, c.node_id)
         assert asyncio.get_running_loop().time() - started < 5.0

@@ -52,6 +52,7 @@ async def test_row3_same_key_in_flight_attaches_to_the_original_turn(
     results = await asyncio.gather(original.result, retry_b.result, retry_c.result)
     # Then no new turn ran: every caller got the original turn's id and result
     assert retry_b.kind is SubmitKind.FORWARDED
+    assert retry_b.attached and retry_c.attached and not original.attached
     assert {retry_b.turn_id, retry_c.turn_id} == {original.turn_id}
     assert {r.turn_id for r in results} == {original.turn_id}
     assert journal.texts("s1") == ["slow"]
@@ -66,7 +67,8 @@ async def test_row4_same_key_done_returns_the_cached_result(
     # When the request is retried after it finished, on another node
     retry = await c.submit(req("s1", "once", idempotency_key="k"))
     # Then the cached result answers at once, without running the agent again
-    assert retry.kind is SubmitKind.EXECUTED_LOCALLY
+    assert retry.kind is SubmitKind.CACHED
+    assert not retry.attached
     assert retry.result.done()
     assert await retry.result == result
     assert retry.turn_id == first.turn_id

@@ -92,6 +92,7 @@ ATTACHED_EVICT_BUG = False
 ALLOWED_CODES = {
     FailureCode.HOLDER_LOST,
     FailureCode.INTERRUPTED,
+    FailureCode.SHUTDOWN,
     FailureCode.EVICTED,
     FailureCode.LEASE_LOST,
     FailureCode.NOT_HOLDER,
@@ -102,6 +103,7 @@ ALLOWED_CODES = {
 SUPERSEDED = "reservation was superseded"  # a forward whose key was reset and reused meanwhile
 NOTHING_COMMITTED_CODES = {
     FailureCode.INTERRUPTED,
+    FailureCode.SHUTDOWN,
     FailureCode.EVICTED,
     FailureCode.LEASE_LOST,
     FailureCode.NOT_HOLDER,

@@ -399,6 +399,7 @@ FORWARD_TTL: float = 12.0
 ALLOWED_CODES = {
     FailureCode.HOLDER_LOST,
     FailureCode.INTERRUPTED,
+    FailureCode.SHUTDOWN,
     FailureCode.EVICTED,
     FailureCode.LEASE_LOST,
     FailureCode.NOT_HOLDER,
@@ -455,6 +456,7 @@ LATE_DELIVERY_EVICT_BUG = False
 #: Failures that say the turn committed nothing.
 NOTHING_COMMITTED = {
     FailureCode.INTERRUPTED,
+    FailureCode.SHUTDOWN,
     FailureCode.EVICTED,
     FailureCode.LEASE_LOST,
     FailureCode.NOT_HOLDER,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import heapq
 import logging
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from .._session import LiveSession, Transcript, TurnContext
 from .._types import CommittedEntry, Priority, TurnOutput
 from ..backends.base import Backends, FencedOut, InboundMessage, Lease, UnreadableEntry
 from ..wire import Outcome
+from ._mailbox import Mailbox
 from ._relay import EventRelay
 from ._work import TurnWork
 
@@ -47,7 +47,12 @@ class StopReason(enum.Enum):
 
     @property
     def interrupt_code(self) -> FailureCode:
-        return FailureCode.LEASE_LOST if self is StopReason.LEASE_LOST else FailureCode.INTERRUPTED
+        """The answer of a turn this stop cuts short: never the user's INTERRUPTED."""
+        if self is StopReason.LEASE_LOST:
+            return FailureCode.LEASE_LOST
+        if self is StopReason.SHUTDOWN:
+            return FailureCode.SHUTDOWN
+        return FailureCode.EVICTED
 
 
 class ActorHost(Protocol):
@@ -112,7 +117,12 @@ class SessionActor:
         self.token = lease.token
         self.agent_ref = agent_ref
         self._provisioned = agent_ref is not None
-        self._mailbox: list[tuple[tuple[int, int], TurnWork]] = []
+        self._mailbox = Mailbox()
+        #: The turn popped from the mailbox and being prepared (binding, handle), not started yet.
+        self._starting: TurnWork | None = None
+        #: Why `_starting` (or, when None, the next turn to start) was cancelled by an interrupt.
+        self._cancel_starting: str | None = None
+        self._cancel_next: str | None = None
         self._task: asyncio.Task[None] | None = None
         self._handle: LiveSession | None = None
         self.running: RunningTurn | None = None
@@ -155,7 +165,7 @@ class SessionActor:
         if self.running is not None and work.priority is Priority.NOW:
             self._spawn(self._offer_injection([work]))
             return
-        heapq.heappush(self._mailbox, (work.sort_key, work))
+        self._mailbox.push(work)
         self._kick()
 
     def ring(self) -> None:
@@ -168,17 +178,63 @@ class SessionActor:
     def interrupt(
         self, reason: str, turn_id: str | None = None, code: FailureCode = FailureCode.INTERRUPTED
     ) -> bool:
-        """Interrupt the active turn (only if it is `turn_id`, when given); False if no-op."""
+        """Interrupt the active turn, or cancel a turn before it starts; False if nothing was.
+
+        With `turn_id`, only that turn: running, being prepared, or queued here (a turn that has
+        not reached this actor yet is cancelled when it does, but that reports False). Without
+        it: the running turn, else the turn about to start (being prepared, first in the
+        mailbox, or the first one the collect in progress brings in). Stopping the actor (any
+        code other than INTERRUPTED) only ends the running turn.
+        """
         running = self.running
-        if running is None or running.interrupt_code is not None:
+        if running is not None and (turn_id is None or running.work.turn_id == turn_id):
+            if running.interrupt_code is not None:
+                return False
+            running.interrupt_code = code
+            running.interrupt_reason = reason
+            running.context.interrupted.set()
+            self._spawn(self._escalate_interrupt(running, reason))
+            return True
+        if code is not FailureCode.INTERRUPTED:
             return False
-        if turn_id is not None and running.work.turn_id != turn_id:
+        return self._cancel_queued(reason, turn_id, running is not None)
+
+    def _cancel_queued(self, reason: str, turn_id: str | None, running: bool) -> bool:
+        starting = self._starting
+        if starting is not None and turn_id in (None, starting.turn_id):
+            self._cancel_starting = reason
+            return True
+        if turn_id is not None:
+            work = self._mailbox.take(turn_id)
+            if work is None:
+                self._mailbox.remember_cancel(turn_id, reason)
+                return False
+            self._spawn(self._answer_cancelled(work, reason))
+            return True
+        if running:
             return False
-        running.interrupt_code = code
-        running.interrupt_reason = reason
-        running.context.interrupted.set()
-        self._spawn(self._escalate_interrupt(running, reason))
-        return True
+        if self._mailbox:
+            self._spawn(self._answer_cancelled(self._mailbox.pop(), reason))
+            return True
+        if self._task is not None or self._rung:
+            self._cancel_next = reason
+            return True
+        return False
+
+    async def _answer_cancelled(self, work: TurnWork, reason: str) -> None:
+        """A turn interrupted before it started: it never runs, its caller gets INTERRUPTED."""
+        message = f"cancelled before it started: {reason}"
+        frame = Interrupted(
+            session_id=work.session_id,
+            turn_id=work.turn_id,
+            seq=1,
+            reason=reason,
+            executed_by=self._host.node_id,
+        )
+        await self._host.deliver_frames(work.session_id, [frame])
+        await self._host.complete(
+            work, _failure(work, FailureCode.INTERRUPTED, message, self._host.node_id)
+        )
 
     def lose_lease(self) -> None:
         """Forget the lease at once (renewal failed or a write was fenced out): no further turn
@@ -242,9 +298,14 @@ class SessionActor:
                     if self._rung and self.accepting:
                         continue
                     break
-                _, work = heapq.heappop(self._mailbox)
+                work = self._mailbox.pop()
+                reason, self._cancel_next = self._cancel_next, None
+                if reason is not None:
+                    await self._answer_cancelled(work, reason)
+                    continue
                 await self._execute(work)
         finally:
+            self._cancel_next = None
             self._task = None
             self.last_active = asyncio.get_running_loop().time()
             self._host.actor_state_changed(self)
@@ -265,10 +326,17 @@ class SessionActor:
             for message in batch.messages
             if (work := await self._host.take_over(message)) is not None
         ]
-        if max_priority is Priority.NOW:
-            return taken
+        kept = []
         for work in taken:
-            heapq.heappush(self._mailbox, (work.sort_key, work))
+            reason = self._mailbox.cancelled(work.turn_id)
+            if reason is None:
+                kept.append(work)
+            else:
+                await self._answer_cancelled(work, reason)
+        if max_priority is Priority.NOW:
+            return kept
+        for work in kept:
+            self._mailbox.push(work)
         return []
 
     async def _offer_injection(self, works: list[TurnWork]) -> None:
@@ -297,7 +365,7 @@ class SessionActor:
             if accepted and running is not None and not running.concluded:
                 running.joined.append(work)
             else:
-                heapq.heappush(self._mailbox, (work.sort_key, work))
+                self._mailbox.push(work)
                 self._kick()
 
     async def _inject_from_inbox(self) -> None:
@@ -329,6 +397,7 @@ class SessionActor:
             seq=1,
             reason=FailureCode.CONFLICTING_AGENT.value,
             message=message,
+            executed_by=self._host.node_id,
         )
         await self._host.deliver_frames(work.session_id, [frame])
         await self._host.complete(
@@ -363,7 +432,7 @@ class SessionActor:
         return True
 
     def _put_back(self, work: TurnWork) -> None:
-        heapq.heappush(self._mailbox, (work.sort_key, work))
+        self._mailbox.push(work)
 
     async def _ensure_handle(self, work: TurnWork) -> LiveSession | None:
         if self._handle is not None:
@@ -394,11 +463,24 @@ class SessionActor:
         return record.entries if record is not None else ()
 
     async def _execute(self, work: TurnWork) -> None:
+        self._starting, self._cancel_starting = work, None
+        try:
+            handle = await self._prepare(work)
+            reason = self._cancel_starting
+        finally:
+            self._starting, self._cancel_starting = None, None
+        if reason is not None and (handle is not None or self._mailbox.take(work.turn_id)):
+            await self._answer_cancelled(work, reason)  # prepared, or put back for later
+        elif handle is not None:
+            await self._run(work, handle)
+
+    async def _prepare(self, work: TurnWork) -> LiveSession | None:
+        """Check the binding and open the handle; None when the work was put back or answered."""
         if not await self._ensure_binding(work):
-            return
-        handle = await self._ensure_handle(work)
-        if handle is None:
-            return
+            return None
+        return await self._ensure_handle(work)
+
+    async def _run(self, work: TurnWork, handle: LiveSession) -> None:
         host = self._host
         relay = EventRelay(
             self.session_id,
@@ -452,7 +534,7 @@ class SessionActor:
         node = self._host.node_id
         if running.interrupt_code is not None:
             code, reason = running.interrupt_code, running.interrupt_reason
-            return _failure(work, code, reason, node), Interrupted(reason=reason)
+            return _failure(work, code, reason, node), Interrupted(reason=reason, executed_by=node)
         if task.cancelled():
             return _failed(work, FailureCode.FAILED, "turn task cancelled", node)
         error = task.exception()
@@ -480,7 +562,7 @@ class SessionActor:
         outcome = Outcome(
             turn_id=work.turn_id, ok=True, executed_by=node, text=output.text, data=output.data
         )
-        return outcome, TurnCompleted(text=output.text, data=output.data)
+        return outcome, TurnCompleted(text=output.text, data=output.data, executed_by=node)
 
     async def _stop(self, reason: StopReason) -> list[TurnWork]:
         self.accepting = False
@@ -514,10 +596,10 @@ class SessionActor:
             side.cancel()
         if self._side_tasks:
             await asyncio.wait(tuple(self._side_tasks))
-        self._mailbox.extend((work.sort_key, work) for work in self._injecting)
+        for work in self._injecting:
+            self._mailbox.push(work)
         self._injecting.clear()
-        pending = [work for _, work in sorted(self._mailbox, key=lambda item: item[0])]
-        self._mailbox.clear()
+        pending = self._mailbox.drain()
         handle, self._handle = self._handle, None
         if handle is not None:
             try:
@@ -532,4 +614,5 @@ def _failure(work: TurnWork, code: FailureCode, message: str, node: str) -> Outc
 
 
 def _failed(work: TurnWork, code: FailureCode, message: str, node: str) -> tuple[Outcome, Event]:
-    return _failure(work, code, message, node), TurnFailed(code=code, message=message)
+    frame = TurnFailed(code=code, message=message, executed_by=node)
+    return _failure(work, code, message, node), frame

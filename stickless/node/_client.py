@@ -121,8 +121,11 @@ class NodeClient:
 
     async def interrupt(
         self, session_id: str, reason: str = "USER", turn_id: str | None = None
-    ) -> None:
-        await self.call("interrupt", session_id=session_id, reason=reason, turn_id=turn_id)
+    ) -> bool:
+        """Whether a turn was interrupted or cancelled (see SessionRouter.interrupt)."""
+        return bool(
+            await self.call("interrupt", session_id=session_id, reason=reason, turn_id=turn_id)
+        )
 
     async def release_session(self, session_id: str) -> None:
         await self.call("release_session", session_id=session_id)

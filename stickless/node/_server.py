@@ -125,10 +125,9 @@ class NodeServer:
             elif op == "run":
                 value = await service.run(args["request"])
             elif op == "interrupt":
-                await service.interrupt(
+                value = await service.interrupt(
                     str(args["session_id"]), str(args.get("reason", "USER")), args.get("turn_id")
                 )
-                value = None
             elif op == "release_session":
                 await service.release_session(str(args["session_id"]))
                 value = None

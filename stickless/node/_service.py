@@ -102,7 +102,7 @@ class NodeService:
         self._expiry: dict[str, asyncio.TimerHandle] = {}
 
     async def submit(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """Submit; returns a ticket {kind, turn_id, node_id, session_id}."""
+        """Submit; returns a ticket {kind, turn_id, node_id, session_id, attached}."""
         disposition = await self.router.submit(request)
         self._keep(disposition)
         return {
@@ -110,6 +110,7 @@ class NodeService:
             "turn_id": disposition.turn_id,
             "node_id": disposition.node_id,
             "session_id": disposition.session_id,
+            "attached": disposition.attached,
         }
 
     def _keep(self, disposition: SubmitDisposition) -> None:
@@ -163,8 +164,9 @@ class NodeService:
 
     async def interrupt(
         self, session_id: str, reason: str = "USER", turn_id: str | None = None
-    ) -> None:
-        await self.router.interrupt(session_id, reason=reason, turn_id=turn_id)
+    ) -> bool:
+        """Whether a turn was interrupted or cancelled (see SessionRouter.interrupt)."""
+        return await self.router.interrupt(session_id, reason=reason, turn_id=turn_id)
 
     async def release_session(self, session_id: str) -> None:
         await self.router.release_session(session_id)

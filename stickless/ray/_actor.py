@@ -41,6 +41,8 @@ class RouterTicket:
     turn_id: str
     node_id: str
     session_id: str
+    #: True when the request followed an earlier running turn with the same idempotency key.
+    attached: bool = False
 
 
 class NodeRouter:
@@ -137,6 +139,7 @@ class NodeRouter:
             turn_id=str(ticket["turn_id"]),
             node_id=str(ticket["node_id"]),
             session_id=str(ticket["session_id"]),
+            attached=bool(ticket["attached"]),
         )
 
     async def result(self, turn_id: str) -> TurnResult:
@@ -164,9 +167,10 @@ class NodeRouter:
 
     async def interrupt(
         self, session_id: str, reason: str = "USER", turn_id: str | None = None
-    ) -> None:
+    ) -> bool:
+        """Whether a turn was interrupted or cancelled (see SessionRouter.interrupt)."""
         service = await self._svc()
-        await service.interrupt(session_id, reason=reason, turn_id=turn_id)
+        return await service.interrupt(session_id, reason=reason, turn_id=turn_id)
 
     async def release_session(self, session_id: str) -> None:
         service = await self._svc()

@@ -12,10 +12,12 @@ from .._types import TurnResult
 
 
 class SubmitKind(enum.StrEnum):
-    """Where a submitted turn runs, as seen from the submitting node."""
+    """Where a submitted turn runs, as seen from the submitting node, or that it does not run."""
 
     EXECUTED_LOCALLY = "EXECUTED_LOCALLY"
     FORWARDED = "FORWARDED"
+    #: The key already holds its answer: nothing runs, `result` is already done.
+    CACHED = "CACHED"
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +33,9 @@ class SubmitDisposition:
     node_id: str
     result: asyncio.Future[TurnResult]
     message_id: str | None = None
+    #: True when the request follows an earlier turn with the same idempotency key that is
+    #: still running (`turn_id` is that turn's); False for a new turn or a cached answer.
+    attached: bool = False
 
 
 class SessionState(enum.StrEnum):

@@ -196,6 +196,7 @@ def settle(future: asyncio.Future[TurnResult], session_id: str, outcome: Outcome
                 outcome.message,
                 session_id=session_id,
                 turn_id=outcome.turn_id,
+                executed_by=outcome.executed_by,
             )
         )
 

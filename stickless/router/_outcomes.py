@@ -189,6 +189,7 @@ class TurnOutcomes(RouterPart):
             turn_id=stale.turn_id,
             seq=0,
             reason=FailureCode.HOLDER_LOST.value,
+            executed_by=stale.holder or "",
         )
         await self._control.deliver_frames(stale.session_id, [frame])
         await self.announce(stale.session_id, stale.key, outcome)

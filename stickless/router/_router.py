@@ -23,7 +23,6 @@ from ..actors import SessionActor, StopReason
 from ..backends.base import Backends, Lease
 from ..wire import (
     EvictPayload,
-    InterruptPayload,
     Signal,
     SignalKind,
     TurnResultPayload,
@@ -36,6 +35,7 @@ from ._context import NodeContext
 from ._control import ControlChannel, SignalHandler
 from ._handover import Handover
 from ._host import NodeActorHost
+from ._interrupts import Interrupts
 from ._outcomes import TurnOutcomes
 from ._renewal import LeaseRenewer
 from ._sessions import LocalSessions
@@ -90,6 +90,7 @@ class SessionRouter:
         acting = (ctx, self._sessions, self._outcomes, self._control)
         self._handover = Handover(*acting)
         self._submitter = Submitter(*acting)
+        self._interrupts = Interrupts(*acting)
         self._sweeps = Sweeps(*acting, handover=self._handover)
         self._host = NodeActorHost(
             ctx,
@@ -259,14 +260,19 @@ class SessionRouter:
 
     async def interrupt(
         self, session_id: str, reason: str = "USER", turn_id: str | None = None
-    ) -> None:
-        """Interrupt the session's active turn wherever it runs (only `turn_id`, when given)."""
+    ) -> bool:
+        """Interrupt the session's running turn wherever it runs, or, when none runs, cancel the
+        turn about to start; with `turn_id`, only that turn, running or still queued (a
+        cancelled turn never runs and its callers get INTERRUPTED).
+
+        Returns whether a turn was interrupted or cancelled, as far as this node learns within
+        `interrupt_grace` (the node that acted tells it).
+
+        Raises:
+            BackendUnavailableError: the interrupt could not be sent to the cluster.
+        """
         self._check_open()
-        actor = self._sessions.get(session_id)
-        if actor is not None:
-            actor.interrupt(reason, turn_id)
-        payload = InterruptPayload(reason=reason, turn_id=turn_id).model_dump()
-        await io(self._control.publish(SignalKind.INTERRUPT, session_id, payload))
+        return await self._interrupts.interrupt(session_id, reason, turn_id)
 
     async def release_session(self, session_id: str) -> None:
         """Drop the live handle, lease and queued messages (EVICTED); the history is kept."""
@@ -367,12 +373,6 @@ class SessionRouter:
         def turn_result(signal: Signal) -> None:
             self._callers.resolve(TurnResultPayload.model_validate(signal.payload).outcome)
 
-        def interrupt(signal: Signal) -> None:
-            payload = InterruptPayload.model_validate(signal.payload)
-            actor = self._sessions.get(signal.session_id)
-            if actor is not None:
-                actor.interrupt(payload.reason, payload.turn_id)
-
         def evict(signal: Signal) -> None:
             token = EvictPayload.model_validate(signal.payload).token
             bg.spawn(self._handover.on_evict(signal.session_id, token), "evict")
@@ -387,7 +387,8 @@ class SessionRouter:
         return {
             SignalKind.MESSAGE_ENQUEUED: doorbell,
             SignalKind.TURN_RESULT: turn_result,
-            SignalKind.INTERRUPT: interrupt,
+            SignalKind.INTERRUPT: self._interrupts.on_interrupt,
+            SignalKind.INTERRUPT_ACK: self._interrupts.on_ack,
             SignalKind.EVICT: evict,
             SignalKind.YIELD: yield_,
             SignalKind.STATUS: status,

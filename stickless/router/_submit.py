@@ -200,9 +200,7 @@ class Submitter(SessionPart):
         assert existing.outcome is not None
         self._callers.remove(turn_id, future)
         settle(future, req.session_id, existing.outcome)
-        return self._disposition(
-            SubmitKind.EXECUTED_LOCALLY, req.session_id, existing.turn_id, future
-        )
+        return self._disposition(SubmitKind.CACHED, req.session_id, existing.turn_id, future)
 
     async def _attach(
         self,
@@ -220,6 +218,7 @@ class Submitter(SessionPart):
         actor = self._sessions.get(req.session_id)
         if existing.holder == self._node_id and actor is not None and actor.lease is not None:
             self._callers.follow(existing.turn_id, future, req.session_id, forwarded=False)
+            kind = SubmitKind.EXECUTED_LOCALLY
         else:
             token = await self._running_token(req.session_id)
             self._callers.follow(existing.turn_id, future, req.session_id, forwarded=True)
@@ -227,7 +226,8 @@ class Submitter(SessionPart):
                 Forward(req.session_id, existing.key, existing.turn_id, self._deadline(), token),
                 replace=False,
             )
-        return self._disposition(SubmitKind.FORWARDED, req.session_id, existing.turn_id, future)
+            kind = SubmitKind.FORWARDED
+        return self._disposition(kind, req.session_id, existing.turn_id, future, attached=True)
 
     def _disposition(
         self,
@@ -236,9 +236,13 @@ class Submitter(SessionPart):
         turn_id: str,
         future: asyncio.Future[TurnResult],
         message_id: str | None = None,
+        *,
+        attached: bool = False,
     ) -> SubmitDisposition:
         self._metrics.emit("on_submit", session_id, kind.value)
-        return SubmitDisposition(kind, session_id, turn_id, self._node_id, future, message_id)
+        return SubmitDisposition(
+            kind, session_id, turn_id, self._node_id, future, message_id, attached
+        )
 
     async def _running_token(self, session_id: str) -> int:
         """The lease token a followed turn runs under, as far as this node can tell.

@@ -359,8 +359,8 @@ class MemoryIdempotencyStore:
     async def mark_done(
         self, session_id: str, key: str, holder: str, outcome: Outcome, primary_ttl: float
     ) -> bool:
-        """Store the outcome (DONE or FAILED) if IN_FLIGHT for its turn and held by `holder` or
-        nobody."""
+        """Store the outcome (DONE when final, else FAILED) if IN_FLIGHT for its turn and held by
+        `holder` or nobody."""
         data = outcome.encode()
         with self._link.open() as state:
             now = state.clock()
@@ -371,7 +371,7 @@ class MemoryIdempotencyStore:
                 or not (_held_by(row, holder) or _held_by(row, None))
             ):
                 return False
-            row.state = ReservationState.DONE if outcome.ok else ReservationState.FAILED
+            row.state = ReservationState.DONE if outcome.final else ReservationState.FAILED
             row.outcome = data
             row.touched_at = now
             row.expires_at = now + primary_ttl
@@ -380,14 +380,15 @@ class MemoryIdempotencyStore:
     async def compare_and_reset(
         self, session_id: str, key: str, expected_holder: str | None, outcome: Outcome
     ) -> bool:
-        """Mark FAILED with `outcome` if IN_FLIGHT for its turn and held by `expected_holder`."""
+        """Record `outcome` (DONE when final, else FAILED) if IN_FLIGHT for its turn and held
+        by `expected_holder`."""
         data = outcome.encode()
         with self._link.open() as state:
             now = state.clock()
             row = _live_reservation(state, session_id, key, now)
             if row is None or row.turn_id != outcome.turn_id or not _held_by(row, expected_holder):
                 return False
-            row.state = ReservationState.FAILED
+            row.state = ReservationState.DONE if outcome.final else ReservationState.FAILED
             row.outcome = data
             row.touched_at = now
             return True

@@ -493,14 +493,14 @@ class RedisIdempotencyStore(_Role):
     async def mark_done(
         self, session_id: str, key: str, holder: str, outcome: Outcome, primary_ttl: float
     ) -> bool:
-        """Store the outcome (DONE or FAILED) if IN_FLIGHT for its turn and held by `holder` or
-        nobody.
+        """Store the outcome (DONE when final, else FAILED) if IN_FLIGHT for its turn and held by
+        `holder` or nobody.
 
         One round trip: the index removals ride in the script's pipeline; when the script
         refuses (the instance is someone else's or already finished) the stale-index entry is
         put back as due, for the scan to verify.
         """
-        state = ReservationState.DONE if outcome.ok else ReservationState.FAILED
+        state = ReservationState.DONE if outcome.final else ReservationState.FAILED
         member = reservation_member(session_id, key, outcome.turn_id)
         reply, _, _ = await run_batch(
             self._client,
@@ -522,7 +522,8 @@ class RedisIdempotencyStore(_Role):
     async def compare_and_reset(
         self, session_id: str, key: str, expected_holder: str | None, outcome: Outcome
     ) -> bool:
-        """Mark FAILED with `outcome` if IN_FLIGHT for its turn and held by `expected_holder`."""
+        """Record `outcome` (DONE when final, else FAILED) if IN_FLIGHT for its turn and held
+        by `expected_holder`."""
         reply = await self._scripts.idem_reset(
             keys=[self._keys.reservation(session_id, key)],
             args=[
@@ -530,6 +531,7 @@ class RedisIdempotencyStore(_Role):
                 expected_holder or "",
                 outcome.encode(),
                 outcome.turn_id,
+                (ReservationState.DONE if outcome.final else ReservationState.FAILED).value,
             ],
         )
         if not int(reply[0]):

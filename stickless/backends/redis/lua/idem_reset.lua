@@ -1,5 +1,6 @@
 -- KEYS: reservation hash. ARGV: 1 when a holder is expected (0: holderless), holder, outcome,
--- the outcome's turn id. Marks FAILED if IN_FLIGHT for that turn and held as expected.
+-- the outcome's turn id, state (FAILED, or DONE for a final outcome). Records the outcome if
+-- IN_FLIGHT for that turn and held as expected.
 -- Reply: {1, turn} when reset, else {0}.
 local t = now()
 local r = load_reservation(KEYS[1], t)
@@ -13,5 +14,5 @@ if ARGV[1] == '1' then
 elseif r.holder then
   return {0}
 end
-redis.call('HSET', KEYS[1], 'state', 'FAILED', 'outcome', ARGV[3], 'touched', fmt(t))
+redis.call('HSET', KEYS[1], 'state', ARGV[5], 'outcome', ARGV[3], 'touched', fmt(t))
 return {1, r.turn}

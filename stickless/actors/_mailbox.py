@@ -1,0 +1,54 @@
+"""An actor's queue of turns that have not started, and the cancellations waiting for them."""
+
+from __future__ import annotations
+
+import heapq
+
+from ._work import TurnWork
+
+#: How many cancellations of turns not seen yet an actor remembers (the oldest are forgotten).
+_REMEMBERED_CANCELLATIONS = 256
+
+
+class Mailbox:
+    """Turns not yet started, in priority then arrival order; any of them can be taken out."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[tuple[int, int], TurnWork]] = []
+        #: Turn id -> reason, for interrupts that named a turn before it reached this actor.
+        self._cancelled: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, work: TurnWork) -> None:
+        heapq.heappush(self._heap, (work.sort_key, work))
+
+    def pop(self) -> TurnWork:
+        """The next turn to run. Raises: IndexError when empty."""
+        return heapq.heappop(self._heap)[1]
+
+    def take(self, turn_id: str) -> TurnWork | None:
+        """Take a queued turn out by id (it will not run); None when it is not queued here."""
+        for index, (_, work) in enumerate(self._heap):
+            if work.turn_id == turn_id:
+                self._heap.pop(index)
+                heapq.heapify(self._heap)
+                return work
+        return None
+
+    def drain(self) -> list[TurnWork]:
+        """Everything queued, in order, leaving the mailbox empty."""
+        works = [work for _, work in sorted(self._heap, key=lambda item: item[0])]
+        self._heap.clear()
+        return works
+
+    def remember_cancel(self, turn_id: str, reason: str) -> None:
+        """Cancel a turn that has not reached this mailbox yet, when (if) it arrives."""
+        self._cancelled[turn_id] = reason
+        while len(self._cancelled) > _REMEMBERED_CANCELLATIONS:
+            del self._cancelled[next(iter(self._cancelled))]
+
+    def cancelled(self, turn_id: str) -> str | None:
+        """The reason a remembered cancellation of `turn_id` gave, consuming it."""
+        return self._cancelled.pop(turn_id, None)
