@@ -15,23 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import shutil
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import local_services
 from .._errors import FailureCode, IdempotencyConflictError, TurnFailedError
 from .._events import Event, Interrupted, TextDelta, TurnStarted, is_terminal
 from .._session import LiveSession, TurnContext
 from .._types import TranscriptEntry, TurnOutput, TurnResult
+from ..local_services import find_redis_server
 
 if TYPE_CHECKING:
     from ..cli import Console
@@ -50,9 +46,6 @@ RAY_DEMO_CONFIG: dict[str, Any] = {
     "release_interrupt_timeout": 2.0,
     "interrupt_grace": 0.5,
 }
-
-#: Keep Ray on 127.0.0.1 and quiet (DESIGN.md §7).
-RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 _STORY = (
     "Once upon a time a request landed on a Ray node whose router did not hold its session, "
@@ -127,13 +120,6 @@ class RayDemoError(Exception):
     """A scene saw something other than what stickless promises."""
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @contextlib.contextmanager
 def private_redis() -> Iterator[str]:
     """A redis-server on a free loopback port in a temporary directory; stopped by its pid.
@@ -141,93 +127,25 @@ def private_redis() -> Iterator[str]:
     Raises:
         RayDemoError: redis-server is not on PATH or did not answer.
     """
-    executable = shutil.which("redis-server")
+    executable = find_redis_server()
     if executable is None:
         raise RayDemoError("redis-server is not on PATH (install it, or pass --redis URL)")
-    import redis
-
-    directory = tempfile.mkdtemp(prefix="stickless-demo-redis-")
-    port = _free_port()
-    args = [
-        executable,
-        "--port", str(port),
-        "--bind", "127.0.0.1",
-        "--save", "",
-        "--appendonly", "no",
-        "--dir", directory,
-        "--logfile", os.path.join(directory, "redis.log"),
-    ]  # fmt: skip
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
     try:
-        client = redis.Redis.from_url(url, socket_timeout=1)
-        deadline = time.monotonic() + 10
-        while True:
-            if process.poll() is not None:
-                raise RayDemoError(f"redis-server exited at start (see {directory}/redis.log)")
-            try:
-                if client.ping():
-                    break
-            except redis.RedisError:
-                pass
-            if time.monotonic() > deadline:
-                raise RayDemoError("redis-server did not answer PING within 10s")
-            time.sleep(0.02)
-        client.close()
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
-        shutil.rmtree(directory, ignore_errors=True)
+        with local_services.private_redis(executable, prefix="stickless-demo-redis-") as server:
+            yield server.url
+    except local_services.ServiceError as exc:
+        raise RayDemoError(str(exc)) from exc
 
 
 @contextlib.contextmanager
 def local_ray_cluster(nodes: int) -> Iterator[list[str]]:
     """Start `nodes` Ray nodes on 127.0.0.1 (one head) and connect; yields their node ids,
     head first. Everything is shut down on exit (Ray stops the node processes by pid)."""
-    for name, value in RAY_ENV.items():
-        os.environ.setdefault(name, value)
-    import ray
-    from ray._private import ray_constants
-    from ray.cluster_utils import Cluster
-
-    if os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") == "0":
-        # Ray reads this flag when first imported; if that happened before we set it, the
-        # nodes started from this process would advertise the machine's external address.
-        ray_constants.ENABLE_RAY_CLUSTER = False
-
-    if ray.is_initialized():
-        raise RayDemoError("Ray is already initialized in this process")
-    # Router actors import stickless.ray._demo: make sure worker processes can import stickless.
-    package_root = str(Path(__file__).resolve().parents[2])
-    previous = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, previous) if p)
-    cluster = Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1"}
-    )
     try:
-        ids = [str(cluster.head_node.node_id)]
-        for _ in range(nodes - 1):
-            ids.append(str(cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1").node_id))
-        cluster.wait_for_nodes()
-        ray.init(
-            address=cluster.address,
-            include_dashboard=False,
-            log_to_driver=False,
-            logging_level="WARNING",
-        )
-        yield ids
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        if previous is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = previous
+        with local_services.local_ray_cluster(nodes) as local:
+            yield local.node_ids
+    except local_services.ServiceError as exc:
+        raise RayDemoError(str(exc)) from exc
 
 
 # ====================================================================== demo state
