@@ -10,7 +10,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .demo import DEMO_CONFIG
 
@@ -130,41 +130,12 @@ def _add_demo(subcommands: Subcommands) -> None:
 
 def _cmd_ray_deploy(args: argparse.Namespace) -> int:
     """Connect to a running Ray cluster and deploy (or undeploy) the routers."""
-    import json
-
     try:
-        import ray
-
-        from .ray import deploy, undeploy
+        from .ray._commands import main_ray_deploy
     except ImportError as exc:
         sys.stdout.write(f"{exc}\n")
         return 1
-    overrides: dict[str, Any] = json.loads(args.config) if args.config else {}
-    if not isinstance(overrides, dict):
-        sys.stdout.write("--config must be a JSON object of RouterConfig fields\n")
-        return 2
-    ray.init(address=args.address, namespace=args.namespace, logging_level="WARNING")
-    try:
-        if args.command == "ray-undeploy":
-            undeploy(args.namespace, grace=args.grace)
-            sys.stdout.write(f"UNDEPLOYED namespace {args.namespace}\n")
-            return 0
-        handles = deploy(
-            args.redis,
-            args.opener,
-            args.namespace,
-            fast_failover=not args.no_fast_failover,
-            reconcile_interval=args.reconcile_interval,
-            timeout=args.timeout,
-            **overrides,
-        )
-        pings = ray.get([h.ping.remote() for h in handles.values()], timeout=args.timeout)
-        for ping in pings:
-            sys.stdout.write(f"router {ping['node_id']} on Ray node {ping['ray_node_id']}\n")
-        sys.stdout.write(f"DEPLOYED {len(pings)} router(s) in namespace {args.namespace}\n")
-        return 0
-    finally:
-        ray.shutdown()
+    return main_ray_deploy(args)
 
 
 def _add_ray_deploy(subcommands: Subcommands) -> None:
