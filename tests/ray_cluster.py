@@ -12,12 +12,11 @@ from typing import Any, TypeVar
 
 import pytest
 
+from stickless.local_services import LOOPBACK, RAY_ENV, local_ray_cluster
+
 T = TypeVar("T")
 
-#: Keep Ray on 127.0.0.1 and quiet (DESIGN.md §7).
-RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 REPO = str(Path(__file__).resolve().parent.parent)
-LOOPBACK = "127.0.0.1"
 
 
 def require(module: str) -> Any:
@@ -45,29 +44,12 @@ def import_ray() -> Any:
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[Any]:
     """Three Ray nodes on 127.0.0.1 (one head, two workers); the driver is connected."""
-    ray = import_ray()
-    from ray.cluster_utils import Cluster
-
-    # Worker processes must import the test openers (tests.*): put the repo on their path.
-    previous = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, previous) if p)
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "node_ip_address": LOOPBACK},
-    )
+    import_ray()
     try:
-        for _ in range(2):
-            cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK)
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
-        yield cluster
+        # Worker processes must import the test openers (tests.*): the repo goes on their path.
+        with local_ray_cluster(3, python_path=[REPO], logging_level=None) as local:
+            yield local.cluster
     finally:
-        ray.shutdown()
-        cluster.shutdown()
-        if previous is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = previous
         sys.modules.pop("ray.cluster_utils", None)
 
 

@@ -63,5 +63,5 @@ def test_the_deploy_command_is_one_our_cli_accepts(prepared: dict[str, Any]) -> 
     assert argv[:2] == ["stickless", "ray-deploy"]
     args = build_parser().parse_args(argv[1:])
     assert "STICKLESS_REDIS_URL" in args.redis and ":6380/0" in args.redis
-    assert args.opener == "stickless.ray._demo:make_opener"
+    assert args.opener == "stickless.demo.opener:make_opener"
     assert args.namespace == "stickless"

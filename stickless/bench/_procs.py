@@ -1,4 +1,5 @@
-"""Child processes of a benchmark run: a private redis-server, node processes, helpers.
+"""Child processes of a benchmark run: node processes and helpers (the run's private
+redis-server is a `stickless.local_services.RedisServer`).
 
 Every process is started here and stopped by its pid (SIGTERM, then SIGKILL when it lingers);
 the registry stops whatever is left when the run ends, even after a failure. Everything listens
@@ -11,17 +12,13 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import IO, Any
 
-import stickless
-
+from ..local_services import package_root
 from ..node import NodeClient
 
 #: Bound of a child's start (imports, Redis connection, READY line).
@@ -32,18 +29,9 @@ STOP_TIMEOUT = 10.0
 BENCH_OPENER = "stickless.bench.agent:make_opener"
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def child_env() -> dict[str, str]:
     """The environment of a Python child: this `stickless` importable, whatever the cwd."""
-    root = str(Path(stickless.__file__).resolve().parents[1])
-    paths = [root, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    paths = [package_root(), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
@@ -113,75 +101,6 @@ async def read_line(stream: IO[bytes], within: float, what: str) -> str:
     if not line:
         raise RuntimeError(f"{what}: exited")
     return line.decode(errors="replace").strip()
-
-
-class PrivateRedis:
-    """A `redis-server` of this run alone, on a free loopback port, in its own directory."""
-
-    def __init__(self, processes: Processes, directory: Path, executable: str) -> None:
-        self._processes = processes
-        self.directory = directory
-        self.executable = executable
-        self.port = free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    @staticmethod
-    def find(executable: str | None) -> str:
-        """The redis-server to run.
-
-        Raises:
-            RuntimeError: none on PATH (and none given).
-        """
-        found = shutil.which(executable or "redis-server")
-        if found is None:
-            raise RuntimeError(
-                "the Redis scenarios need redis-server (apt-get install redis-server, "
-                "or pass --redis-server PATH)"
-            )
-        return found
-
-    async def start(self) -> None:
-        """Start and wait until it answers PING.
-
-        Raises:
-            RuntimeError: it exited or did not answer in time.
-        """
-        self.directory.mkdir(parents=True, exist_ok=True)
-        args = [
-            self.executable,
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", str(self.directory),
-            "--logfile", str(self.directory / "redis.log"),
-        ]  # fmt: skip
-        self.process = self._processes.spawn(args, stdout=subprocess.DEVNULL)
-        import redis.asyncio
-
-        client = redis.asyncio.Redis(host="127.0.0.1", port=self.port, socket_timeout=2.0)
-        deadline = time.monotonic() + START_TIMEOUT
-        try:
-            while True:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"redis-server exited; see {self.directory}/redis.log")
-                with contextlib.suppress(Exception):
-                    if await client.ping():
-                        return
-                if time.monotonic() > deadline:
-                    raise RuntimeError("redis-server did not answer PING in time")
-                await asyncio.sleep(0.02)
-        finally:
-            await client.aclose()
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self._processes.stop(self.process)
-            self.process = None
 
 
 class NodeProc:

@@ -19,8 +19,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ..local_services import RedisServer, find_redis_server
 from . import SCENARIOS
-from ._procs import NodeProc, PrivateRedis, Processes
+from ._procs import START_TIMEOUT, STOP_TIMEOUT, NodeProc, Processes
 
 #: Version of the JSON layout written by `stickless bench`.
 FORMAT = 1
@@ -147,15 +148,25 @@ async def run_bench(
     names: Sequence[str], *, quick: bool, redis_server: str | None
 ) -> dict[str, Any]:
     """Run the scenarios; the report (a scenario that failed has an "error" instead of numbers)."""
-    executable = PrivateRedis.find(redis_server)
+    executable = find_redis_server(redis_server)
+    if executable is None:
+        raise RuntimeError(
+            "the Redis scenarios need redis-server (apt-get install redis-server, "
+            "or pass --redis-server PATH)"
+        )
     processes = Processes()
     started_wall = time.time()
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="stickless-bench-") as tmp:
         workdir = Path(tmp)
-        redis = PrivateRedis(processes, workdir / "redis", executable)
+        redis = RedisServer(
+            workdir / "redis",
+            executable=executable,
+            start_timeout=START_TIMEOUT,
+            stop_timeout=STOP_TIMEOUT,
+        )
         try:
-            await redis.start()
+            await asyncio.to_thread(redis.start)
             ctx = BenchContext(
                 quick=quick, redis_url=redis.url, processes=processes, workdir=workdir
             )

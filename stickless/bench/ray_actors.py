@@ -1,8 +1,8 @@
 """Scenario `ray`: what users would pick instead on Ray, on one local Ray cluster.
 
 A 2-node Ray cluster on 127.0.0.1 (`ray.cluster_utils.Cluster`, head + 1 worker, 1 CPU each,
-started by `stickless.ray._demo.local_ray_cluster`) serves both contenders, interleaved round by
-round (the order rotates each round):
+started by `stickless.local_services.local_ray_cluster`) serves both contenders, interleaved
+round by round (the order rotates each round):
 
 - the naive alternative: one named async Ray actor per session
   (``.options(name="sess-<id>", namespace=..., get_if_exists=True, lifetime="detached")``)
@@ -35,6 +35,7 @@ import time
 from typing import Any
 
 from .._errors import TurnFailedError
+from ..local_services import RAY_ENV, local_ray_cluster
 from ._common import raw_client, request
 from ._procs import BENCH_OPENER
 from ._runner import BenchContext
@@ -46,9 +47,6 @@ BASELINE = (
     "the naive alternative on Ray: one named async actor per session (get_if_exists, "
     "detached) running the same echo turn, on the same 2-node loopback cluster, same run"
 )
-
-#: Keep Ray on 127.0.0.1 and quiet; must be set before `ray` is imported.
-RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 #: Concurrent callers while the idle sessions for the memory measurement are created.
 _CREATORS = 16
@@ -129,8 +127,6 @@ def _split(total: int, parts: int) -> list[int]:
 
 async def run(ctx: BenchContext) -> dict[str, Any]:
     os.environ.update(RAY_ENV)
-    from ..ray._demo import local_ray_cluster
-
     config: dict[str, Any] = {
         "ray_nodes": 2,
         "rounds": ctx.pick(4, 2),
@@ -141,7 +137,8 @@ async def run(ctx: BenchContext) -> dict[str, Any]:
         "failover_fast_modes": ctx.pick([True, False], [True]),
     }
     t0 = time.monotonic()
-    with local_ray_cluster(config["ray_nodes"]) as ray_nodes:
+    with local_ray_cluster(config["ray_nodes"]) as local:
+        ray_nodes = local.node_ids
         config["cluster_start_s"] = round(time.monotonic() - t0, 2)
         ctx.progress(f"Ray cluster of {len(ray_nodes)} nodes up in {config['cluster_start_s']}s")
         results = await _compare(ctx, config, ray_nodes[0], ray_nodes[1])
