@@ -9,7 +9,8 @@ from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-_NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,199}$")
+#: A configured node id; 9 characters stay free for the incarnation suffix.
+_NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,190}")
 
 
 class DeploymentMode(enum.StrEnum):
@@ -25,6 +26,11 @@ class RouterConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     node_id: str | None = None
+    #: Append a per-process incarnation to `node_id` ("web" -> "web/3f9c2a1b"), so routers
+    #: started with one configured id (several workers of one app, a restart) never share a
+    #: holder identity: each would otherwise take the other's leases as its own. Turn it off
+    #: only where every router already gets a unique id (LocalCluster, the Ray layer).
+    node_incarnation: bool = True
     mode: DeploymentMode = DeploymentMode.SINGLE_NODE
     idle_ttl: float = Field(default=600.0, gt=0)
     max_cached_sessions: int = Field(default=1000, ge=1)
@@ -48,8 +54,8 @@ class RouterConfig(BaseModel):
     @field_validator("node_id")
     @classmethod
     def _node_id(cls, value: str | None) -> str | None:
-        if value is not None and not _NODE_ID.match(value):
-            raise ValueError("must be 1-200 letters, digits or ._:@/+=- starting alphanumeric")
+        if value is not None and not _NODE_ID.fullmatch(value):
+            raise ValueError("must be 1-191 letters, digits or ._:@/+=- starting alphanumeric")
         return value
 
     @model_validator(mode="after")
@@ -77,7 +83,13 @@ class RouterConfig(BaseModel):
         return min(self.idempotency_secondary_ttl / 2, self.forward_ttl)
 
     def resolved(self) -> RouterConfig:
-        """This config with a generated node id when none was given (SINGLE_NODE only)."""
-        if self.node_id is not None:
+        """This config with its final node id: generated when none was given (SINGLE_NODE
+        only), else the configured one with this process's incarnation when asked for."""
+        if self.node_id is None:
+            return self.model_copy(
+                update={"node_id": f"node-{uuid.uuid4().hex[:12]}", "node_incarnation": False}
+            )
+        if not self.node_incarnation:
             return self
-        return self.model_copy(update={"node_id": f"node-{uuid.uuid4().hex[:12]}"})
+        incarnated = f"{self.node_id}/{uuid.uuid4().hex[:8]}"
+        return self.model_copy(update={"node_id": incarnated, "node_incarnation": False})

@@ -197,8 +197,8 @@ def _add_node(subcommands: Subcommands) -> None:
         "node",
         help="run one node (a router over Redis) as this process, served on loopback",
         description="Run a SessionRouter over Redis in DISTRIBUTED mode and serve it on "
-        "127.0.0.1 for clients (stickless.node.NodeClient). Prints 'READY <port>' when up; "
-        "SIGTERM closes it gracefully.",
+        "127.0.0.1 for clients (stickless.node.NodeClient). Prints 'READY <port> <node id>' "
+        "when up; SIGTERM closes it gracefully.",
     )
     _redis_option(parser, required=True, help=_REDIS_URL)
     parser.add_argument("--node-id", required=True, help="this node's unique id")

@@ -100,7 +100,8 @@ class LocalCluster:
         else:
             assert isinstance(self.backends, MemoryBackends)
             link = self.backends.link()
-        config = RouterConfig(node_id=node_id, **self._overrides)
+        # Node ids here are unique per router already: keep them readable.
+        config = RouterConfig(node_id=node_id, **{"node_incarnation": False, **self._overrides})
         router = SessionRouter.build(
             config=config,
             opener=self._opener,

@@ -43,6 +43,8 @@ START_TIMEOUT = 30.0
 STOP_TIMEOUT = 10.0
 #: Short timings: every failure path resolves within a couple of seconds.
 FAST_CONFIG: dict[str, Any] = dict(
+    # Node ids here are unique per process: keep them readable (a restart reuses its id).
+    node_incarnation=False,
     lease_ttl=1.5,
     lease_extend_interval=0.4,
     idempotency_secondary_ttl=1.0,

@@ -156,7 +156,9 @@ class NodeProc:
             line = await read_line(self.process.stdout, START_TIMEOUT, self.node_id)
             if not line.startswith("READY "):
                 raise RuntimeError(f"{self.node_id} did not start ({line!r}); see {self.log_path}")
-            self._client = await NodeClient.connect(int(line.split()[1]))
+            fields = line.split()
+            self._client = await NodeClient.connect(int(fields[1]))
+            self.node_id = fields[2]  # the id with this process's incarnation
         except BaseException:
             await self.kill()
             raise

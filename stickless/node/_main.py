@@ -26,7 +26,8 @@ async def run_node(
 ) -> int:
     """Serve until SIGTERM/SIGINT or a `shutdown` request, then close gracefully.
 
-    Prints `READY <port>` on stdout once the router and the server are up.
+    Prints `READY <port> <node id>` on stdout once the router and the server are up (the
+    node id with this process's incarnation, unless the config turned that off).
     """
     from ..backends.redis import RedisBackends
 
@@ -43,7 +44,7 @@ async def run_node(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    print(f"READY {bound}", flush=True)
+    print(f"READY {bound} {router.node_id}", flush=True)
     shutdown = asyncio.ensure_future(server.shutdown_requested.wait())
     stopped = asyncio.ensure_future(stop.wait())
     await asyncio.wait({shutdown, stopped}, return_when=asyncio.FIRST_COMPLETED)

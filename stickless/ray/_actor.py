@@ -85,7 +85,10 @@ class NodeRouter:
                 from ..backends.redis import RedisBackends
 
                 config = RouterConfig(
-                    node_id=self.node_id, mode=DeploymentMode.DISTRIBUTED, **self._overrides
+                    node_id=self.node_id,
+                    node_incarnation=False,  # the id already names this actor's incarnation
+                    mode=DeploymentMode.DISTRIBUTED,
+                    **self._overrides,
                 )
                 backends = RedisBackends.from_url(self._redis_url, namespace=self._namespace)
                 router = SessionRouter.build(
