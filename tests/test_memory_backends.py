@@ -12,7 +12,7 @@ import pytest
 from stickless._errors import BackendUnavailableError
 from stickless._events import TextDelta
 from stickless._types import Priority, TranscriptEntry, UserInput
-from stickless.backends.base import Lease, ReservationRef
+from stickless.backends.base import Lease, ReservationRef, StagedCommit
 from stickless.backends.memory import MemoryBackends
 from stickless.wire import Envelope, Outcome, Signal, SignalKind
 
@@ -73,8 +73,13 @@ EVERY_OPERATION: dict[str, Operation] = {
     "leases.current": lambda b: b.leases.current("s1"),
     "records.load": lambda b: b.records.load("s1"),
     "records.provision": lambda b: b.records.provision("s1", "agent-a", 1),
-    "records.commit": lambda b: b.records.commit(
-        "s1", 1, "t1", [TranscriptEntry(role="user", content="x")]
+    "idempotency.mark_done with a commit": lambda b: b.idempotency.mark_done(
+        "s1",
+        "k1",
+        "node-a",
+        Outcome(turn_id="t1", ok=True),
+        1.0,
+        StagedCommit(1, (TranscriptEntry(role="user", content="x"),)),
     ),
     "records.delete": lambda b: b.records.delete("s1"),
     "inbox.deliver": lambda b: b.inbox.deliver(_envelope("t1")),

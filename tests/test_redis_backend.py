@@ -35,6 +35,7 @@ from stickless.backends.redis._keys import parse_reservation_member, reservation
 from stickless.wire import Envelope, Outcome, Signal, SignalKind
 
 from .agents import Journal, ScriptedOpener
+from .commits import commit_turn
 from .conftest import FAST
 from .redis_fixture import RedisServer, redis_executable
 
@@ -106,7 +107,7 @@ async def _exercise_session(backends: RedisBackends, session_id: str) -> Lease:
     lease = await backends.leases.acquire(session_id, "node-a", LONG)
     assert isinstance(lease, Lease)
     await backends.records.provision(session_id, "agent-a", lease.token)
-    await backends.records.commit(
+    await commit_turn(backends,
         session_id, lease.token, "t1", [TranscriptEntry(role="user", content="hi")]
     )
     await backends.inbox.deliver(_envelope("t1", session_id))
@@ -149,6 +150,8 @@ async def test_keys_of_one_session_share_one_hash_tag(bundle: RedisBackends) -> 
             "inbox:0",
             "inbox:1",
             "idem:k1",
+            "idem:commit:t1",
+            "deliveries",
             "events",
         }
         assert {key_slot(key.encode()) for key in own} == {key_slot(tag.encode())}
@@ -579,7 +582,7 @@ async def test_two_routers_forward_over_redis(redis_url: str) -> None:
         # Then node-1 forwarded it and node-0 ran both turns in order
         assert first.kind is SubmitKind.EXECUTED_LOCALLY
         assert second.kind is SubmitKind.FORWARDED
-        assert result.executed_by == "node-0"
+        assert result.executed_by == routers[0].node_id
         assert journal.texts("s1") == ["a", "b"]
     finally:
         for router in routers:

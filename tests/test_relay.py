@@ -77,7 +77,8 @@ async def test_relay_stamps_frames_and_never_blocks_the_producer() -> None:
     for i in range(100):
         relay.emit(TextDelta(text=str(i)))  # returns at once every time
     release.set()
-    await relay.finish(TurnCompleted(text="end"), flush_timeout=5)
+    relay.emit(TurnCompleted(text="end"))
+    await relay.flushed(flush_timeout=5)
     # Then frames were stamped, shed by rank (counted), and the terminal frame arrived last
     assert {(f.session_id, f.turn_id) for f in delivered} == {("s1", "turn-1")}
     assert delivered[-1].type == "turn_completed"

@@ -1,6 +1,7 @@
 """Session actors: mailbox, live handle, turn execution and event relay."""
 
-from ._actor import ActorHost, RunningTurn, SessionActor, StopReason
+from ._actor import RunningTurn, SessionActor
+from ._host import ActorHost, StopReason
 from ._relay import EventRelay, RankedQueue, Subscriber, SubscriberHub, drain_subscriber
 from ._work import Takeover, TurnWork
 

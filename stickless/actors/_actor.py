@@ -8,84 +8,27 @@ processed one at a time, so a turn, a drain and a stop never overlap on one node
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from .._config import RouterConfig
 from .._errors import FailureCode
 from .._events import Event, Interrupted, Rejected, TurnCompleted, TurnFailed, TurnStarted
 from .._session import LiveSession, Transcript, TurnContext
 from .._types import CommittedEntry, Priority, TurnOutput
-from ..backends.base import Backends, FencedOut, InboundMessage, Lease, UnreadableEntry
+from ..backends.base import (
+    FencedOut,
+    Lease,
+    StagedCommit,
+)
 from ..wire import Outcome
+from ._host import ActorHost, StopReason
 from ._mailbox import Mailbox
 from ._relay import EventRelay
 from ._work import TurnWork
 
 log = logging.getLogger("stickless.actor")
-
-
-class StopReason(enum.Enum):
-    """Why an actor stops; decides the interrupt reason and what happens to queued work."""
-
-    RELEASE = "SESSION_RELEASED"
-    DELETE = "SESSION_DELETED"
-    HANDOFF = "SESSION_HANDOFF"
-    LEASE_LOST = "LEASE_LOST"
-    EVICTED = "SESSION_EVICTED"
-    IDLE = "IDLE"
-    LRU = "LRU"
-    SHUTDOWN = "SYSTEM_SHUTDOWN"
-
-    @property
-    def ends_queue(self) -> bool:
-        """Release, delete and a peer's EVICT end the session's queue: waiting work is EVICTED."""
-        return self in (StopReason.RELEASE, StopReason.DELETE, StopReason.EVICTED)
-
-    @property
-    def interrupt_code(self) -> FailureCode:
-        """The answer of a turn this stop cuts short: never the user's INTERRUPTED."""
-        if self is StopReason.LEASE_LOST:
-            return FailureCode.LEASE_LOST
-        if self is StopReason.SHUTDOWN:
-            return FailureCode.SHUTDOWN
-        return FailureCode.EVICTED
-
-
-class ActorHost(Protocol):
-    """What a session actor needs from its node supervisor."""
-
-    @property
-    def node_id(self) -> str: ...
-
-    @property
-    def config(self) -> RouterConfig: ...
-
-    @property
-    def backends(self) -> Backends: ...
-
-    async def open_handle(
-        self, session_id: str, agent_ref: str, attributes: Mapping[str, Any]
-    ) -> LiveSession: ...
-
-    async def deliver_frames(self, session_id: str, frames: Sequence[Event]) -> None: ...
-
-    async def complete(self, work: TurnWork, outcome: Outcome) -> None: ...
-
-    async def take_over(self, message: InboundMessage) -> TurnWork | None: ...
-
-    async def answer_unreadable(self, session_id: str, entry: UnreadableEntry) -> None: ...
-
-    def holds_lease(self, session_id: str, token: int) -> bool: ...
-
-    def lease_lost(self, actor: SessionActor) -> None: ...
-
-    def events_dropped(self, session_id: str, count: int) -> None: ...
-
-    def actor_state_changed(self, actor: SessionActor) -> None: ...
 
 
 @dataclass
@@ -162,6 +105,7 @@ class SessionActor:
     def enqueue(self, work: TurnWork) -> None:
         """Add a turn to the mailbox (NOW work is first offered to a running turn)."""
         self.last_active = asyncio.get_running_loop().time()
+        self._mailbox.admit(work.turn_id)
         if self.running is not None and work.priority is Priority.NOW:
             self._spawn(self._offer_injection([work]))
             return
@@ -243,7 +187,7 @@ class SessionActor:
         if self.lease is None:
             return
         self.lease = None
-        self._host.lease_lost(self)
+        self._host.lease_lost(self.session_id, self.token)
 
     async def stop(self, reason: StopReason) -> list[TurnWork]:
         """Stop accepting, end the running turn (interrupt, then cancel after the timeout), close
@@ -284,7 +228,7 @@ class SessionActor:
             self._task = asyncio.get_running_loop().create_task(
                 self._loop(), name=f"actor:{self.session_id}"
             )
-            self._host.actor_state_changed(self)
+            self._host.actor_state_changed(self.session_id, self.token)
 
     async def _loop(self) -> None:
         try:
@@ -308,7 +252,7 @@ class SessionActor:
             self._cancel_next = None
             self._task = None
             self.last_active = asyncio.get_running_loop().time()
-            self._host.actor_state_changed(self)
+            self._host.actor_state_changed(self.session_id, self.token)
 
     async def _collect(self, max_priority: Priority) -> list[TurnWork]:
         """Move inbox messages into the mailbox (or return them when `max_priority` is NOW)."""
@@ -324,7 +268,8 @@ class SessionActor:
         taken = [
             work
             for message in batch.messages
-            if (work := await self._host.take_over(message)) is not None
+            if self._mailbox.admit(message.envelope.turn_id)
+            and (work := await self._host.take_over(message)) is not None
         ]
         kept = []
         for work in taken:
@@ -503,7 +448,7 @@ class SessionActor:
         )
         running = RunningTurn(work=work, context=context, relay=relay)
         self.running = running
-        host.actor_state_changed(self)
+        host.actor_state_changed(self.session_id, self.token)
         relay.emit(TurnStarted(executed_by=host.node_id))
         task: asyncio.Task[TurnOutput] = asyncio.get_running_loop().create_task(
             handle.run_turn(context), name=f"turn:{self.session_id}:{work.turn_id}"
@@ -517,52 +462,68 @@ class SessionActor:
             self.running = None
             raise
         running.concluded = True
-        outcome, terminal = await self._conclude(running, task)
-        relay.emit(terminal)  # flushed by its dispatcher; the caller is not kept waiting for it
+        outcome, terminal, commit = await self._conclude(running, task)
         self.running = None
         self.last_active = asyncio.get_running_loop().time()
-        host.actor_state_changed(self)
-        await host.complete(work, outcome)
+        host.actor_state_changed(self.session_id, self.token)
+        try:
+            announced = await host.complete(work, outcome, commit)
+        except FencedOut:
+            self.lose_lease()
+            outcome, terminal = _failed(
+                work, FailureCode.LEASE_LOST, "commit fenced out", host.node_id
+            )
+            announced = await host.complete(work, outcome)
+        # The terminal frame follows the recorded answer: a turn whose answer was decided
+        # elsewhere (its holder declared lost) ends with the frame its decider sent.
+        if announced is outcome:
+            relay.emit(terminal)  # flushed by its dispatcher; nobody waits for that
+        else:
+            relay.close()
         for joined in running.joined:
-            await host.complete(joined, outcome.model_copy(update={"turn_id": joined.turn_id}))
+            answer = announced or _failure(
+                joined,
+                FailureCode.FAILED,
+                "the turn it joined has no recorded answer",
+                host.node_id,
+            )
+            await host.complete(joined, answer.model_copy(update={"turn_id": joined.turn_id}))
 
     async def _conclude(
         self, running: RunningTurn, task: asyncio.Task[TurnOutput]
-    ) -> tuple[Outcome, Event]:
-        """The agent task's end as an outcome and a terminal frame (committing on success)."""
+    ) -> tuple[Outcome, Event, StagedCommit | None]:
+        """The agent task's end as an outcome, a terminal frame and, on success, the staged
+        entries to commit with the outcome under this lease."""
         work = running.work
         node = self._host.node_id
         if running.interrupt_code is not None:
             code, reason = running.interrupt_code, running.interrupt_reason
-            return _failure(work, code, reason, node), Interrupted(reason=reason, executed_by=node)
+            frame = Interrupted(reason=reason, executed_by=node)
+            return _failure(work, code, reason, node), frame, None
         if task.cancelled():
-            return _failed(work, FailureCode.FAILED, "turn task cancelled", node)
+            return (*_failed(work, FailureCode.FAILED, "turn task cancelled", node), None)
         error = task.exception()
         if error is not None:
             log.warning("turn %s of %s failed: %r", work.turn_id, self.session_id, error)
-            return _failed(work, FailureCode.FAILED, f"{type(error).__name__}: {error}", node)
+            message = f"{type(error).__name__}: {error}"
+            return (*_failed(work, FailureCode.FAILED, message, node), None)
         output = task.result()
         if not isinstance(output, TurnOutput):
-            return _failed(work, FailureCode.FAILED, "run_turn must return TurnOutput", node)
+            message = "run_turn must return TurnOutput"
+            return (*_failed(work, FailureCode.FAILED, message, node), None)
+        commit = None
         staged = running.context.transcript.staged
         if staged:
             lease = self.lease
             if lease is None or not self._host.holds_lease(self.session_id, lease.token):
                 self.lose_lease()
-                return _failed(work, FailureCode.LEASE_LOST, "lease lost before commit", node)
-            try:
-                await self._host.backends.records.commit(
-                    self.session_id, lease.token, work.turn_id, staged
-                )
-            except FencedOut:
-                self.lose_lease()
-                return _failed(work, FailureCode.LEASE_LOST, "commit fenced out", node)
-            except Exception as exc:
-                return _failed(work, FailureCode.FAILED, f"commit failed: {exc}", node)
+                message = "lease lost before commit"
+                return (*_failed(work, FailureCode.LEASE_LOST, message, node), None)
+            commit = StagedCommit(lease.token, tuple(staged))
         outcome = Outcome(
             turn_id=work.turn_id, ok=True, executed_by=node, text=output.text, data=output.data
         )
-        return outcome, TurnCompleted(text=output.text, data=output.data, executed_by=node)
+        return outcome, TurnCompleted(text=output.text, data=output.data, executed_by=node), commit
 
     async def _stop(self, reason: StopReason) -> list[TurnWork]:
         self.accepting = False

@@ -8,6 +8,8 @@ from ._work import TurnWork
 
 #: How many cancellations of turns not seen yet an actor remembers (the oldest are forgotten).
 _REMEMBERED_CANCELLATIONS = 256
+#: How many turn ids an actor remembers having admitted (to drop copies of a turn).
+_REMEMBERED_TURNS = 1024
 
 
 class Mailbox:
@@ -17,9 +19,21 @@ class Mailbox:
         self._heap: list[tuple[tuple[int, int], TurnWork]] = []
         #: Turn id -> reason, for interrupts that named a turn before it reached this actor.
         self._cancelled: dict[str, str] = {}
+        #: Turn ids admitted lately (queued, run or answered here), oldest first.
+        self._admitted: dict[str, None] = {}
 
     def __len__(self) -> int:
         return len(self._heap)
+
+    def admit(self, turn_id: str) -> bool:
+        """Note a turn entering this actor; False when it came before (a copy of a turn, e.g.
+        delivered twice): a turn never runs twice here."""
+        if turn_id in self._admitted:
+            return False
+        self._admitted[turn_id] = None
+        while len(self._admitted) > _REMEMBERED_TURNS:
+            del self._admitted[next(iter(self._admitted))]
+        return True
 
     def push(self, work: TurnWork) -> None:
         heapq.heappush(self._heap, (work.sort_key, work))

@@ -107,10 +107,11 @@ class EventRelay:
             self._closed = True
         self._wake.set()
 
-    async def finish(self, terminal: Event, flush_timeout: float) -> None:
-        """Emit the terminal frame and wait (bounded) until everything queued was dispatched."""
-        self.emit(terminal)
-        await self.flushed(flush_timeout)
+    def close(self) -> None:
+        """End the turn's stream without a terminal frame of its own (another node ended the
+        turn and sent that frame); what is queued is still dispatched."""
+        self._closed = True
+        self._wake.set()
 
     async def flushed(self, flush_timeout: float) -> None:
         """Wait (bounded) until the dispatcher has handed over everything, terminal included."""

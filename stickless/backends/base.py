@@ -85,8 +85,27 @@ class RecordView:
     entries: tuple[CommittedEntry, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class StagedCommit:
+    """A turn's transcript entries, to be committed under the lease `token` together with the
+    turn's outcome (see `IdempotencyStore.mark_done`)."""
+
+    token: int
+    entries: tuple[TranscriptEntry, ...]
+
+    def committed(self, turn_id: str) -> list[CommittedEntry]:
+        """The entries as stored: tagged with the turn and the token."""
+        return [
+            CommittedEntry.model_validate(
+                {**entry.model_dump(mode="python"), "turn_id": turn_id, "token": self.token}
+            )
+            for entry in self.entries
+        ]
+
+
 class RecordStore(Protocol):
-    """Session records: agent binding, fence and committed transcript."""
+    """Session records: agent binding, fence and committed transcript (entries are appended
+    only with a turn's outcome, by `IdempotencyStore.mark_done`)."""
 
     async def load(self, session_id: str) -> RecordView | None:
         """The record, or None when the session has none."""
@@ -102,16 +121,6 @@ class RecordStore(Protocol):
 
         Raises:
             FencedOut: `token` is older than the record's fence.
-        """
-        ...
-
-    async def commit(
-        self, session_id: str, token: int, turn_id: str, entries: Sequence[TranscriptEntry]
-    ) -> None:
-        """Append one turn's entries atomically, tagged with the turn and token.
-
-        Raises:
-            FencedOut: `token` is older than the fence, or the record does not exist.
         """
         ...
 
@@ -286,7 +295,8 @@ class IdempotencyStore(Protocol):
         primary_ttl: float,
     ) -> Reservation | None:
         """Reserve the key (IN_FLIGHT, held by `holder`); None when created, else the existing
-        reservation. A FAILED one, or one past the primary TTL, counts as absent and is replaced."""
+        reservation. A FAILED one, or one past the primary TTL, counts as absent and is replaced.
+        The same call made again (same turn and holder) finds its own reservation: None."""
         ...
 
     async def touch_many(self, refs: Sequence[ReservationRef], secondary_ttl: float) -> None:
@@ -298,7 +308,7 @@ class IdempotencyStore(Protocol):
     ) -> HolderTakeover:
         """Take over a holderless IN_FLIGHT reservation made for `turn_id` (REJECTED otherwise,
         e.g. when a newer attempt with the same key owns it); raising means the outcome is
-        unknown."""
+        unknown. One `holder` already holding it gets WON again, so the call may be retried."""
         ...
 
     async def release_holder(
@@ -308,10 +318,27 @@ class IdempotencyStore(Protocol):
         ...
 
     async def mark_done(
-        self, session_id: str, key: str, holder: str, outcome: Outcome, primary_ttl: float
+        self,
+        session_id: str,
+        key: str,
+        holder: str,
+        outcome: Outcome,
+        primary_ttl: float,
+        commit: StagedCommit | None = None,
     ) -> bool:
-        """Record the outcome (DONE when ok, else FAILED) if the reservation is IN_FLIGHT for
-        `outcome.turn_id` and held by `holder` or by nobody; False otherwise."""
+        """Record the outcome (DONE when final, else FAILED) and append `commit`'s entries to
+        the session's transcript, as one atomic step, if the reservation is IN_FLIGHT for
+        `outcome.turn_id` and held by `holder` or by nobody; False otherwise (nothing written).
+
+        So a turn's entries are committed if and only if its outcome is the reservation's: an
+        outcome decided elsewhere first (a holder-loss reset) refuses the commit. Running the
+        same call again (a retry after a lost reply) finds its own outcome and returns True
+        without writing anything twice.
+
+        Raises:
+            FencedOut: `commit.token` is older than the record's fence, or there is no record
+                (nothing written).
+        """
         ...
 
     async def compare_and_reset(

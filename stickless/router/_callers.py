@@ -150,8 +150,13 @@ def expired(forward: Forward, now: float, forward_ttl: float) -> Outcome | None:
     """The FORWARD_TIMEOUT answer of a forward past its deadline, else None."""
     if now < forward.deadline:
         return None
+    return unknown(forward.turn_id, forward_ttl)
+
+
+def unknown(turn_id: str, forward_ttl: float) -> Outcome:
+    """The answer of a turn whose outcome this node could not learn within `forward_ttl`."""
     return Outcome.failure(
-        forward.turn_id,
+        turn_id,
         FailureCode.FORWARD_TIMEOUT,
         f"no answer within forward_ttl ({forward_ttl}s); unless it was withdrawn in time the turn "
         "may still run: retry with the same idempotency key to learn its outcome",

@@ -9,12 +9,13 @@ from .._config import RouterConfig
 from .._events import Event
 from .._session import LiveSession, LiveSessionOpener
 from ..actors import SessionActor, TurnWork
-from ..backends.base import Backends, InboundMessage, UnreadableEntry
+from ..backends.base import Backends, InboundMessage, StagedCommit, UnreadableEntry
 from ..wire import Outcome
 from ._context import NodeContext, RouterPart
 from ._control import ControlChannel
 from ._handover import Handover
 from ._outcomes import TurnOutcomes
+from ._sessions import LocalSessions
 
 
 class NodeActorHost(RouterPart):
@@ -25,6 +26,7 @@ class NodeActorHost(RouterPart):
         ctx: NodeContext,
         *,
         opener: LiveSessionOpener,
+        sessions: LocalSessions,
         control: ControlChannel,
         outcomes: TurnOutcomes,
         handover: Handover,
@@ -32,6 +34,7 @@ class NodeActorHost(RouterPart):
     ) -> None:
         super().__init__(ctx)
         self._opener = opener
+        self._sessions = sessions
         self._control = control
         self._outcomes = outcomes
         self._handover = handover
@@ -57,8 +60,10 @@ class NodeActorHost(RouterPart):
     async def deliver_frames(self, session_id: str, frames: Sequence[Event]) -> None:
         await self._control.deliver_frames(session_id, frames)
 
-    async def complete(self, work: TurnWork, outcome: Outcome) -> None:
-        await self._outcomes.complete(work, outcome)
+    async def complete(
+        self, work: TurnWork, outcome: Outcome, commit: StagedCommit | None = None
+    ) -> Outcome | None:
+        return await self._outcomes.complete(work, outcome, commit)
 
     async def take_over(self, message: InboundMessage) -> TurnWork | None:
         return await self._outcomes.take_over(message)
@@ -69,11 +74,15 @@ class NodeActorHost(RouterPart):
     def holds_lease(self, session_id: str, token: int) -> bool:
         return self._renewer.holds(session_id, token)
 
-    def lease_lost(self, actor: SessionActor) -> None:
-        self._handover.lease_lost(actor)
+    def lease_lost(self, session_id: str, token: int) -> None:
+        actor = self._sessions.get(session_id)
+        if actor is not None and actor.token == token:
+            self._handover.lease_lost(actor)
 
     def events_dropped(self, session_id: str, count: int) -> None:
         self._metrics.emit("on_events_dropped", session_id, count)
 
-    def actor_state_changed(self, actor: SessionActor) -> None:
-        self._state_changed(actor)
+    def actor_state_changed(self, session_id: str, token: int) -> None:
+        actor = self._sessions.get(session_id)
+        if actor is not None and actor.token == token:
+            self._state_changed(actor)

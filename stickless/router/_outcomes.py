@@ -9,16 +9,25 @@ from .._errors import FailureCode
 from .._events import Interrupted
 from ..actors import Takeover, TurnWork
 from ..backends.base import (
+    FencedOut,
     HolderTakeover,
     InboundMessage,
     Reservation,
+    StagedCommit,
     UnreadableEntry,
 )
 from ..wire import Outcome, SignalKind, TurnResultPayload
 from ._background import io, log, quiet
+from ._callers import unknown
 from ._context import NodeContext, RouterPart
 from ._control import ControlChannel
 from ._keys import primary_ttl
+
+#: Backoff of writes retried while the store is out of reach (seconds).
+_RETRY_FIRST = 0.05
+_RETRY_CAP = 1.0
+#: Attempts at taking a collected message's reservation over before its outcome is unknown.
+_ACQUIRE_ATTEMPTS = 4
 
 
 class TurnOutcomes(RouterPart):
@@ -41,82 +50,121 @@ class TurnOutcomes(RouterPart):
             TurnResultPayload(key=key, outcome=outcome).model_dump(mode="python"),
         )
 
-    async def complete(self, work: TurnWork, outcome: Outcome) -> None:
-        """Record the outcome (mark_done) first, then answer local callers and the rail.
+    async def complete(
+        self, work: TurnWork, outcome: Outcome, commit: StagedCommit | None = None
+    ) -> Outcome | None:
+        """Record the outcome (with the turn's transcript entries, in the same atomic step),
+        then answer local callers and the rail; returns the outcome announced, or None when the
+        turn's answer was decided elsewhere.
 
-        When the store refuses the outcome because it already holds another one for this turn
-        (a holder-loss reset won the race), the stored answer is the one every caller gets.
-        When the store cannot be reached the answer still goes out, and the outcome is recorded
-        in the background: until then the reservation stays owned (touched by renewals), so it
-        never looks abandoned and a retry never runs the turn a second time.
+        A success or a final answer is never announced before it is recorded, so it is never
+        contradicted later: when the store already holds another outcome for this turn (a
+        holder-loss reset won), that one is what every caller gets and nothing of the turn is
+        committed. A store that cannot be reached is retried (every write here is safe to
+        repeat); when it stays out of reach for `forward_ttl`, this node's callers are told the
+        answer is unknown (they may retry the key) and recording goes on in the background.
+        A failure that commits nothing and leaves the key free goes out at once when the store
+        is out of reach: whatever the store ends up holding for the turn says the same.
+
+        Raises:
+            FencedOut: `commit` is under a lease older than the record's fence (nothing written).
         """
-        if work.takeover.owns:
-            recorded = await self._mark_done(work, outcome)
-            if recorded is None:
-                self._bg.spawn(self._record_later(work, outcome), "mark-done-retry")
-            else:
-                self._renewer.disown(work.session_id, work.key)
-                if recorded is False:
-                    outcome = await self._stored_outcome(work, outcome)
+        free = commit is None and not outcome.final
+        recorded = await self._record(work, outcome, commit, patient=not free)
+        if recorded is None:
+            self._bg.spawn(self._record_later(work, outcome, commit), "mark-done-retry")
+            if free:
+                await self.announce(work.session_id, work.key, outcome)
+                return outcome
+            self._callers.resolve(unknown(work.turn_id, self._config.forward_ttl))
+            return None
+        self._renewer.disown(work.session_id, work.key)
+        if recorded:
+            await self.announce(work.session_id, work.key, outcome)
+            return outcome
+        found = await quiet(self._backends.idempotency.find(work.session_id, work.key))
+        if found is not None and found.turn_id == work.turn_id and found.outcome is not None:
+            await self.announce(work.session_id, work.key, found.outcome)
         else:
-            self._renewer.disown(work.session_id, work.key)
-        await self.announce(work.session_id, work.key, outcome)
+            self._callers.resolve(
+                Outcome.failure(
+                    work.turn_id,
+                    FailureCode.FAILED,
+                    "not recorded: the turn's reservation was reset or superseded",
+                    self._node_id,
+                )
+            )
+        return None
 
     async def fail(self, work: TurnWork, code: FailureCode, message: str) -> None:
         """Complete work this node will not run with a failure of its own."""
-        await self.complete(work, Outcome.failure(work.turn_id, code, message, self._node_id))
+        failure = Outcome.failure(work.turn_id, code, message, self._node_id)
+        await self.complete(work, failure)
 
-    async def _mark_done(self, work: TurnWork, outcome: Outcome) -> bool | None:
-        """True when recorded, False when the store refused (not ours), None when unknown."""
-        try:
-            return await self._backends.idempotency.mark_done(
-                work.session_id,
-                work.key,
-                self._node_id,
-                outcome,
-                primary_ttl(self._config, work.key),
-            )
-        except Exception as exc:
-            log.warning("mark_done failed for %s/%s: %s", work.session_id, work.turn_id, exc)
-            return None
-
-    async def _stored_outcome(self, work: TurnWork, fallback: Outcome) -> Outcome:
-        """The outcome the store holds for this turn, if it holds one; else `fallback`."""
-        found = await quiet(self._backends.idempotency.find(work.session_id, work.key))
-        if found is not None and found.turn_id == work.turn_id and found.outcome is not None:
-            return found.outcome
-        return fallback
-
-    async def _record_later(self, work: TurnWork, outcome: Outcome) -> None:
-        delay = 0.05
-        while await self._mark_done(work, outcome) is None:
+    async def _record(
+        self, work: TurnWork, outcome: Outcome, commit: StagedCommit | None, *, patient: bool
+    ) -> bool | None:
+        """mark_done, retried while the store is out of reach (only tried once unless
+        `patient`): True recorded, False refused, None still unknown after `forward_ttl`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self._config.forward_ttl if patient else 0.0)
+        delay = _RETRY_FIRST
+        while True:
+            try:
+                return await self._mark_done(work, outcome, commit)
+            except FencedOut:
+                raise
+            except Exception as exc:
+                log.warning("mark_done failed for %s/%s: %s", work.session_id, work.turn_id, exc)
+            if loop.time() + delay >= deadline or self._bg.closed:
+                return None
             await asyncio.sleep(delay)
-            delay = min(delay * 2, self._config.idempotency_secondary_ttl / 3)
+            delay = min(delay * 2, _RETRY_CAP)
+
+    async def _mark_done(
+        self, work: TurnWork, outcome: Outcome, commit: StagedCommit | None
+    ) -> bool:
+        return await self._backends.idempotency.mark_done(
+            work.session_id,
+            work.key,
+            self._node_id,
+            outcome,
+            primary_ttl(self._config, work.key),
+            commit,
+        )
+
+    async def _record_later(
+        self, work: TurnWork, outcome: Outcome, commit: StagedCommit | None
+    ) -> None:
+        """Keep recording an outcome whose callers were told it is unknown, until the store
+        answers; until then the reservation stays owned, so it never looks abandoned."""
+        delay = _RETRY_FIRST
+        while True:
+            try:
+                await self._mark_done(work, outcome, commit)
+            except FencedOut:
+                break
+            except Exception:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RETRY_CAP)
+                continue
+            break
         self._renewer.disown(work.session_id, work.key)
 
     async def take_over(self, message: InboundMessage) -> TurnWork | None:
         """Take over a collected message's reservation (won / rejected / unknown).
 
-        Won or unknown: the message runs and this node records its outcome. Rejected: the store
-        says the reservation is not this message's to take. If it already holds an answer for
+        Won, or unknown after retries: the message runs and this node records its outcome (the
+        record refuses a turn this node does not hold, so nothing of it commits). Rejected: the
+        store says the reservation is not this message's to take. If it already holds an answer for
         this turn, that answer is re-sent; if it names a newer attempt with the same key, or no
         longer exists (its caller was answered: refused, timed out or superseded), the message
         is answered without running, so no request runs after its caller got an answer. Only
-        a reservation of this very turn held by another node still runs it.
+        a reservation of this very turn held by another node is left to that node (a copy of
+        the message must never run twice).
         """
         env = message.envelope
-        try:
-            result = await self._backends.idempotency.acquire_holder(
-                env.session_id,
-                env.key,
-                env.turn_id,
-                self._node_id,
-                self._config.idempotency_secondary_ttl,
-            )
-            takeover = Takeover.WON if result is HolderTakeover.WON else Takeover.REJECTED
-        except Exception as exc:
-            log.warning("acquire_holder for %s/%s unknown: %s", env.session_id, env.key, exc)
-            takeover = Takeover.UNKNOWN
+        takeover = await self._acquire(env.session_id, env.key, env.turn_id)
         if takeover is not Takeover.REJECTED:
             self._renewer.own(env.session_id, env.key)
             return TurnWork.from_envelope(env, takeover)
@@ -128,7 +176,9 @@ class TurnOutcomes(RouterPart):
             return TurnWork.from_envelope(env, takeover)
         if found is not None and found.turn_id == env.turn_id:
             if found.outcome is None:
-                return TurnWork.from_envelope(env, takeover)  # held elsewhere: run
+                return (
+                    None  # another node holds this very turn: it runs (or is declared lost) there
+                )
             answer = found.outcome
         else:
             answer = Outcome.failure(
@@ -139,6 +189,25 @@ class TurnOutcomes(RouterPart):
             )
         await self.announce(env.session_id, env.key, answer)
         return None
+
+    async def _acquire(self, session_id: str, key: str, turn_id: str) -> Takeover:
+        """acquire_holder, retried a few times while the store is out of reach (a retry by the
+        same holder is answered WON again)."""
+        idem = self._backends.idempotency
+        delay = _RETRY_FIRST
+        for attempt in range(_ACQUIRE_ATTEMPTS):
+            try:
+                result = await idem.acquire_holder(
+                    session_id, key, turn_id, self._node_id, self._config.idempotency_secondary_ttl
+                )
+            except Exception as exc:
+                log.warning("acquire_holder for %s/%s failed: %s", session_id, key, exc)
+                if attempt + 1 < _ACQUIRE_ATTEMPTS:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, _RETRY_CAP)
+                continue
+            return Takeover.WON if result is HolderTakeover.WON else Takeover.REJECTED
+        return Takeover.UNKNOWN
 
     async def answer_unreadable(self, session_id: str, entry: UnreadableEntry) -> None:
         """Answer the submitter of an undecodable inbox entry at once with UNREADABLE."""

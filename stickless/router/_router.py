@@ -95,6 +95,7 @@ class SessionRouter:
         self._host = NodeActorHost(
             ctx,
             opener=opener,
+            sessions=self._sessions,
             control=self._control,
             outcomes=self._outcomes,
             handover=self._handover,

@@ -7,6 +7,8 @@ import pytest
 from stickless._types import CommittedEntry, TranscriptEntry
 from stickless.backends.base import Backends, FencedOut, RecordView
 
+from ..commits import commit_turn
+
 
 def _entry(content: str, role: str = "user") -> TranscriptEntry:
     return TranscriptEntry(role=role, content=content, data={"n": len(content), "ok": True})
@@ -59,8 +61,8 @@ async def test_commit_appends_entries_tagged_with_turn_and_token(backends: Backe
     # Given a provisioned session
     await backends.records.provision("s1", "agent-a", 1)
     # When two turns commit in order
-    await backends.records.commit("s1", 1, "t1", [_entry("hi"), _entry("hello", "assistant")])
-    await backends.records.commit("s1", 1, "t2", [_entry("again")])
+    await commit_turn(backends, "s1", 1, "t1", [_entry("hi"), _entry("hello", "assistant")])
+    await commit_turn(backends, "s1", 1, "t2", [_entry("again")])
     # Then the transcript holds every entry in commit order, tagged with turn and token
     view = await backends.records.load("s1")
     assert view is not None
@@ -78,13 +80,13 @@ async def test_commit_appends_entries_tagged_with_turn_and_token(backends: Backe
 async def test_commit_with_older_token_is_fenced_out(backends: Backends) -> None:
     # Given a stale holder committed under token 1, then a new holder provisioned under token 2
     await backends.records.provision("s1", "agent-a", 1)
-    await backends.records.commit("s1", 1, "t1", [_entry("old holder")])
+    await commit_turn(backends, "s1", 1, "t1", [_entry("old holder")])
     await backends.records.provision("s1", "agent-a", 2)
     # When the stale holder commits again under token 1
     with pytest.raises(FencedOut):
-        await backends.records.commit("s1", 1, "t2", [_entry("late write")])
+        await commit_turn(backends, "s1", 1, "t2", [_entry("late write")])
     # Then nothing was appended, and the new holder still commits
-    await backends.records.commit("s1", 2, "t3", [_entry("new holder")])
+    await commit_turn(backends, "s1", 2, "t3", [_entry("new holder")])
     view = await backends.records.load("s1")
     assert view is not None
     assert [(e.turn_id, e.token) for e in view.entries] == [("t1", 1), ("t3", 2)]
@@ -94,7 +96,7 @@ async def test_commit_on_missing_record_is_fenced_out(backends: Backends) -> Non
     # Given a session with no record
     # When a turn commits to it
     with pytest.raises(FencedOut):
-        await backends.records.commit("s1", 1, "t1", [_entry("orphan")])
+        await commit_turn(backends, "s1", 1, "t1", [_entry("orphan")])
     # Then no record was created
     assert await backends.records.load("s1") is None
 
@@ -102,7 +104,7 @@ async def test_commit_on_missing_record_is_fenced_out(backends: Backends) -> Non
 async def test_delete_removes_record_and_transcript(backends: Backends) -> None:
     # Given a provisioned session with history
     await backends.records.provision("s1", "agent-a", 1)
-    await backends.records.commit("s1", 1, "t1", [_entry("hi")])
+    await commit_turn(backends, "s1", 1, "t1", [_entry("hi")])
     # When it is deleted
     await backends.records.delete("s1")
     # Then it is gone, and a new provision binds afresh with an empty transcript
@@ -127,7 +129,7 @@ async def test_binding_names_the_bound_agent_without_reading_the_transcript(
     # Given no record, then a record bound to agent-a with entries
     assert await records.binding("s1") is None
     await records.provision("s1", "agent-a", 1)
-    await records.commit("s1", 1, "turn-1", [_entry("hello")])
+    await commit_turn(backends, "s1", 1, "turn-1", [_entry("hello")])
     # When another agent provisions, the binding does not change
     await records.provision("s1", "agent-b", 2)
     # Then binding answers the first agent, and none after delete

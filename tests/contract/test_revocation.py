@@ -24,6 +24,8 @@ from stickless.backends.base import (
 )
 from stickless.wire import Outcome
 
+from ..commits import commit_turn
+
 SHORT = 0.2
 LONG = 60.0
 DAY = 86400.0
@@ -112,7 +114,7 @@ async def test_dead_holders_late_writes_are_refused_after_revoke(backends: Backe
     # Given the dead holder provisioned the session under its token and committed a turn
     old = await _acquire(backends, "s1", DEAD)
     await records.provision("s1", "agent-a", old.token)
-    await records.commit("s1", old.token, "t1", [entry])
+    await commit_turn(backends, "s1", old.token, "t1", [entry])
     # When its lease is revoked and the new holder takes and provisions the session
     await leases.revoke_holder(DEAD)
     new = await _acquire(backends, "s1", ALIVE)
@@ -120,10 +122,10 @@ async def test_dead_holders_late_writes_are_refused_after_revoke(backends: Backe
     # Then the dead holder's late commit is fenced out, and its lease cannot be renewed or
     # released any more, while the new holder commits
     with pytest.raises(FencedOut):
-        await records.commit("s1", old.token, "t2", [entry])
+        await commit_turn(backends, "s1", old.token, "t2", [entry])
     assert await leases.renew_many([old], LONG) == [None]
     assert not await leases.release(old)
-    await records.commit("s1", new.token, "t3", [entry])
+    await commit_turn(backends, "s1", new.token, "t3", [entry])
     view = await records.load("s1")
     assert view is not None
     assert [(e.turn_id, e.token) for e in view.entries] == [("t1", old.token), ("t3", new.token)]

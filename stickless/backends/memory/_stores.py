@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from ..._events import Event
-from ..._types import CommittedEntry, Priority, TranscriptEntry
+from ..._types import CommittedEntry, Priority
 from ...wire import (
     Envelope,
     Outcome,
@@ -26,6 +26,7 @@ from ..base import (
     Reservation,
     ReservationRef,
     ReservationState,
+    StagedCommit,
     decode_entries,
     event_id_key,
 )
@@ -151,26 +152,6 @@ class MemoryRecordStore:
                 raise FencedOut(f"token {token} is older than fence {row.fence} of {session_id}")
             row.fence = max(row.fence, token)
             return row.agent_ref
-
-    async def commit(
-        self, session_id: str, token: int, turn_id: str, entries: Sequence[TranscriptEntry]
-    ) -> None:
-        """Append one turn's entries tagged with turn and token, unless fenced out."""
-        packed = [
-            pack(
-                CommittedEntry.model_validate(
-                    {**entry.model_dump(mode="python"), "turn_id": turn_id, "token": token}
-                ).model_dump(mode="python")
-            )
-            for entry in entries
-        ]
-        with self._link.open() as state:
-            row = state.records.get(session_id)
-            if row is None:
-                raise FencedOut(f"session {session_id} has no record")
-            if token < row.fence:
-                raise FencedOut(f"token {token} is older than fence {row.fence} of {session_id}")
-            row.entries.extend(packed)
 
     async def delete(self, session_id: str) -> None:
         """Drop the record and transcript; the lease token counter is kept."""
@@ -301,10 +282,13 @@ class MemoryIdempotencyStore:
         secondary_ttl: float,
         primary_ttl: float,
     ) -> Reservation | None:
-        """Reserve the key unless an IN_FLIGHT or DONE reservation exists (then return it)."""
+        """Reserve the key unless an IN_FLIGHT or DONE reservation exists (then return it); the
+        same call made again finds its own reservation and succeeds."""
         with self._link.open() as state:
             now = state.clock()
             row = _live_reservation(state, session_id, key, now)
+            if row is not None and row.turn_id == turn_id and _held_by(row, holder):
+                return None
             if row is not None and row.state is not ReservationState.FAILED:
                 return _view(session_id, key, row, now)
             state.reservations[(session_id, key)] = ReservationRow(
@@ -331,11 +315,14 @@ class MemoryIdempotencyStore:
     async def acquire_holder(
         self, session_id: str, key: str, turn_id: str, holder: str, secondary_ttl: float
     ) -> HolderTakeover:
-        """WON when the reservation was IN_FLIGHT, holderless and for `turn_id`; else REJECTED."""
+        """WON when the reservation was IN_FLIGHT for `turn_id` and holderless (or already held
+        by `holder`: the same call made again); else REJECTED."""
         with self._link.open() as state:
             now = state.clock()
             row = _live_reservation(state, session_id, key, now)
-            if row is None or row.turn_id != turn_id or not _held_by(row, None):
+            if row is None or row.turn_id != turn_id:
+                return HolderTakeover.REJECTED
+            if not (_held_by(row, None) or _held_by(row, holder)):
                 return HolderTakeover.REJECTED
             row.holder = holder
             row.touched_at = now
@@ -357,20 +344,39 @@ class MemoryIdempotencyStore:
             return True
 
     async def mark_done(
-        self, session_id: str, key: str, holder: str, outcome: Outcome, primary_ttl: float
+        self,
+        session_id: str,
+        key: str,
+        holder: str,
+        outcome: Outcome,
+        primary_ttl: float,
+        commit: StagedCommit | None = None,
     ) -> bool:
-        """Store the outcome (DONE when final, else FAILED) if IN_FLIGHT for its turn and held by
-        `holder` or nobody."""
+        """Store the outcome (DONE when final, else FAILED), with `commit`'s entries appended to
+        the transcript under the same lock, if IN_FLIGHT for its turn and held by `holder` or
+        nobody (a rerun finding its own outcome succeeds without writing)."""
         data = outcome.encode()
+        packed = (
+            [pack(e.model_dump(mode="python")) for e in commit.committed(outcome.turn_id)]
+            if commit is not None
+            else []
+        )
         with self._link.open() as state:
             now = state.clock()
             row = _live_reservation(state, session_id, key, now)
-            if (
-                row is None
-                or row.turn_id != outcome.turn_id
-                or not (_held_by(row, holder) or _held_by(row, None))
-            ):
+            if row is None or row.turn_id != outcome.turn_id:
                 return False
+            if row.state is not ReservationState.IN_FLIGHT:
+                return row.outcome == data
+            if not (_held_by(row, holder) or _held_by(row, None)):
+                return False
+            if commit is not None:
+                record = state.records.get(session_id)
+                if record is None:
+                    raise FencedOut(f"session {session_id} has no record")
+                if commit.token < record.fence:
+                    raise FencedOut(f"token {commit.token} is older than fence {record.fence}")
+                record.entries.extend(packed)
             row.state = ReservationState.DONE if outcome.final else ReservationState.FAILED
             row.outcome = data
             row.touched_at = now

@@ -59,6 +59,10 @@ class Keys:
         tag = self.tag(session_id)
         return [f"{tag}:inbox:{int(priority)}" for priority in TIERS]
 
+    def deliveries(self, session_id: str) -> str:
+        """Hash {delivery id: "stream id arrival"} of recent deliveries (a rerun appends once)."""
+        return f"{self.tag(session_id)}:deliveries"
+
     def reservation(self, session_id: str, key: str) -> str:
         """Hash of one idempotency reservation (the key may hold any characters)."""
         return f"{self.tag(session_id)}:idem:{key}"

@@ -37,7 +37,6 @@ class Scripts:
         self.lease_current = load("lease_current")
         self.lease_revoke = load("lease_revoke")
         self.record_provision = load("record_provision")
-        self.record_commit = load("record_commit")
         self.inbox_deliver = load("inbox_deliver")
         self.inbox_take = load("inbox_take")
         self.inbox_oldest = load("inbox_oldest")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,7 +11,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from ..._events import Event
-from ..._types import CommittedEntry, Priority, TranscriptEntry
+from ..._types import CommittedEntry, Priority
 from ...wire import (
     Envelope,
     Outcome,
@@ -29,6 +30,7 @@ from ..base import (
     Reservation,
     ReservationRef,
     ReservationState,
+    StagedCommit,
     decode_entries,
     event_id_key,
 )
@@ -218,34 +220,15 @@ class RedisRecordStore(_Role):
             raise FencedOut(f"token {token} is older than fence {_text(reply[1])} of {session_id}")
         return _text(reply[1])
 
-    async def commit(
-        self, session_id: str, token: int, turn_id: str, entries: Sequence[TranscriptEntry]
-    ) -> None:
-        """Append one turn's entries tagged with turn and token, unless fenced out."""
-        packed = [
-            pack(
-                CommittedEntry.model_validate(
-                    {**entry.model_dump(mode="python"), "turn_id": turn_id, "token": token}
-                ).model_dump(mode="python")
-            )
-            for entry in entries
-        ]
-        keys = self._keys
-        reply = await self._scripts.record_commit(
-            keys=[keys.record(session_id), keys.transcript(session_id)], args=[str(token), *packed]
-        )
-        if not int(reply[0]):
-            fence = _text(reply[1])
-            if not fence:
-                raise FencedOut(f"session {session_id} has no record")
-            raise FencedOut(f"token {token} is older than fence {fence} of {session_id}")
-
     async def delete(self, session_id: str) -> None:
         """Drop the record and transcript; the lease token counter is kept."""
         await self._client.delete(self._keys.record(session_id), self._keys.transcript(session_id))
 
 
 # --------------------------------------------------------------------------- inbox
+
+#: Seconds a delivery id is remembered: far longer than any retry of one call takes.
+_DELIVERY_MEMORY = 3600
 
 
 def _decode_entries(session_id: str, flat: Sequence[Any]) -> CollectedBatch:
@@ -278,8 +261,12 @@ class RedisInbox(_Role):
         return await self._append(session_id, priority, data)
 
     async def _append(self, session_id: str, priority: Priority, data: bytes) -> str:
+        # One id per delivery: redis-py sends the very same call again after a lost reply, and
+        # the script appends a delivery id only once.
+        delivery_id = uuid.uuid4().hex
         stream_id, arrived, was_empty = await self._scripts.inbox_deliver(
-            keys=self._keys.inbox(session_id), args=[TIERS.index(priority), data]
+            keys=[*self._keys.inbox(session_id), self._keys.deliveries(session_id)],
+            args=[TIERS.index(priority), data, delivery_id, _DELIVERY_MEMORY],
         )
         # First message: the exact arrival time. Otherwise only fill a missing entry (a crash
         # between script and index write); a present one already scores an older arrival.
@@ -491,10 +478,17 @@ class RedisIdempotencyStore(_Role):
         return True
 
     async def mark_done(
-        self, session_id: str, key: str, holder: str, outcome: Outcome, primary_ttl: float
+        self,
+        session_id: str,
+        key: str,
+        holder: str,
+        outcome: Outcome,
+        primary_ttl: float,
+        commit: StagedCommit | None = None,
     ) -> bool:
-        """Store the outcome (DONE when final, else FAILED) if IN_FLIGHT for its turn and held by
-        `holder` or nobody.
+        """Store the outcome (DONE when final, else FAILED), with `commit`'s entries appended to
+        the transcript in the same script, if IN_FLIGHT for its turn and held by `holder` or
+        nobody (a rerun finding its own outcome succeeds without writing).
 
         One round trip: the index removals ride in the script's pipeline; when the script
         refuses (the instance is someone else's or already finished) the stale-index entry is
@@ -502,22 +496,44 @@ class RedisIdempotencyStore(_Role):
         """
         state = ReservationState.DONE if outcome.final else ReservationState.FAILED
         member = reservation_member(session_id, key, outcome.turn_id)
+        staged: list[str | bytes] = [""]
+        if commit is not None:
+            entries = commit.committed(outcome.turn_id)
+            staged = [str(commit.token), *(pack(e.model_dump(mode="python")) for e in entries)]
+        keys = self._keys
         reply, _, _ = await run_batch(
             self._client,
             [
                 Call(
                     self._scripts.idem_mark_done,
-                    [self._keys.reservation(session_id, key)],
-                    [holder, outcome.turn_id, state.value, outcome.encode(), _num(primary_ttl)],
+                    [
+                        keys.reservation(session_id, key),
+                        keys.record(session_id),
+                        keys.transcript(session_id),
+                    ],
+                    [
+                        holder,
+                        outcome.turn_id,
+                        state.value,
+                        outcome.encode(),
+                        _num(primary_ttl),
+                        *staged,
+                    ],
                 ),
                 Call(None, ["ZREM", self._keys.stale_index, member]),
                 Call(None, ["SREM", self._keys.holder_reservations(holder), member]),
             ],
         )
-        if not reply:
-            await self._client.zadd(self._keys.stale_index, {member: 0})
-            return False
-        return True
+        result = int(reply[0])
+        if result == 1:
+            return True
+        await self._client.zadd(self._keys.stale_index, {member: 0})
+        if result == 2:
+            fence = _text(reply[1])
+            if not fence:
+                raise FencedOut(f"session {session_id} has no record")
+            raise FencedOut(f"token {commit and commit.token} is older than fence {fence}")
+        return False
 
     async def compare_and_reset(
         self, session_id: str, key: str, expected_holder: str | None, outcome: Outcome

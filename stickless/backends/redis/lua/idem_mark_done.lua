@@ -1,15 +1,37 @@
--- KEYS: reservation hash. ARGV: holder, turn, state (DONE or FAILED), outcome, primary ttl.
--- Records the outcome if IN_FLIGHT for that turn and held by holder or nobody. Reply: 1 or 0.
+-- KEYS: reservation hash, record hash, transcript list.
+-- ARGV: holder, turn, state (DONE or FAILED), outcome, primary ttl, commit token ('' for none),
+-- packed entries...
+-- Records the outcome, and appends the turn's entries under the token, in one step: only if the
+-- reservation is IN_FLIGHT for that turn, held by holder or nobody, and the token is not older
+-- than the record's fence. Safe to run twice: a run that finds its own outcome already recorded
+-- for the turn reports success and writes nothing.
+-- Reply: {1} recorded, {0} refused (not this turn's in-flight reservation), {2, fence} fenced out.
 local t = now()
 local r = load_reservation(KEYS[1], t)
-if not r or r.state ~= 'IN_FLIGHT' or r.turn ~= ARGV[2] then
-  return 0
+if not r or r.turn ~= ARGV[2] then
+  return {0}
+end
+if r.state ~= 'IN_FLIGHT' then
+  if r.outcome == ARGV[4] then
+    return {1}
+  end
+  return {0}
 end
 if r.holder and r.holder ~= ARGV[1] then
-  return 0
+  return {0}
+end
+if ARGV[6] ~= '' then
+  local fence = redis.call('HGET', KEYS[2], 'fence')
+  if not fence or tonumber(ARGV[6]) < tonumber(fence) then
+    return {2, fence or ''}
+  end
+  local batch = 1000
+  for first = 7, #ARGV, batch do
+    redis.call('RPUSH', KEYS[3], unpack(ARGV, first, math.min(first + batch - 1, #ARGV)))
+  end
 end
 local exp_at = t + tonumber(ARGV[5])
 redis.call('HSET', KEYS[1], 'state', ARGV[3], 'outcome', ARGV[4], 'touched', fmt(t),
   'exp', fmt(exp_at))
 expire_at(KEYS[1], exp_at)
-return 1
+return {1}

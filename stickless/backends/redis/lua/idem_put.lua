@@ -1,7 +1,12 @@
 -- KEYS: reservation hash. ARGV: turn, input hash, holder, secondary ttl, primary ttl.
--- Reply: {1, stale deadline} when reserved, {0, reservation} when one exists (not FAILED).
+-- Reply: {1, stale deadline} when reserved (or already reserved by this very call: a rerun
+-- after a lost reply finds its own reservation), {0, reservation} when another exists (not
+-- FAILED).
 local t = now()
 local r = load_reservation(KEYS[1], t)
+if r and r.turn == ARGV[1] and r.state == 'IN_FLIGHT' and r.holder == ARGV[3] then
+  return {1, r.stale}
+end
 if r and r.state ~= 'FAILED' then
   return {0, reservation_reply(r, t)}
 end

@@ -1,9 +1,19 @@
--- KEYS: the session's tier streams (NOW, NEXT, LATER). ARGV: tier index, encoded envelope.
+-- KEYS: the session's tier streams (NOW, NEXT, LATER), its deliveries hash.
+-- ARGV: tier index, encoded envelope, delivery id, seconds the delivery id is remembered.
+-- Appends the envelope unless this delivery id was appended before (the same call run again
+-- after a lost reply): then it answers what the first run answered and appends nothing.
 -- Reply: {stream id, arrival time, 1 when the inbox was empty before}.
+local known = redis.call('HGET', KEYS[4], ARGV[3])
+if known then
+  local sep = string.find(known, ' ', 1, true)
+  return {string.sub(known, 1, sep - 1), string.sub(known, sep + 1), 0}
+end
 local t = fmt(now())
 local was_empty = 0
 if redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3]) == 0 then
   was_empty = 1
 end
 local id = redis.call('XADD', KEYS[tonumber(ARGV[1]) + 1], '*', 'e', ARGV[2], 't', t)
+redis.call('HSET', KEYS[4], ARGV[3], id .. ' ' .. t)
+redis.call('EXPIRE', KEYS[4], ARGV[4])
 return {id, t, was_empty}

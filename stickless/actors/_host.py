@@ -1,0 +1,88 @@
+"""The contract between a session actor and its node: what it may ask of the node, and why
+it is stopped."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from .._config import RouterConfig
+from .._errors import FailureCode
+from .._events import Event
+from .._session import LiveSession
+from ..backends.base import Backends, InboundMessage, StagedCommit, UnreadableEntry
+from ..wire import Outcome
+from ._work import TurnWork
+
+
+class StopReason(enum.Enum):
+    """Why an actor stops; decides the interrupt reason and what happens to queued work."""
+
+    RELEASE = "SESSION_RELEASED"
+    DELETE = "SESSION_DELETED"
+    HANDOFF = "SESSION_HANDOFF"
+    LEASE_LOST = "LEASE_LOST"
+    EVICTED = "SESSION_EVICTED"
+    IDLE = "IDLE"
+    LRU = "LRU"
+    SHUTDOWN = "SYSTEM_SHUTDOWN"
+
+    @property
+    def ends_queue(self) -> bool:
+        """Release, delete and a peer's EVICT end the session's queue: waiting work is EVICTED."""
+        return self in (StopReason.RELEASE, StopReason.DELETE, StopReason.EVICTED)
+
+    @property
+    def interrupt_code(self) -> FailureCode:
+        """The answer of a turn this stop cuts short: never the user's INTERRUPTED."""
+        if self is StopReason.LEASE_LOST:
+            return FailureCode.LEASE_LOST
+        if self is StopReason.SHUTDOWN:
+            return FailureCode.SHUTDOWN
+        return FailureCode.EVICTED
+
+
+class ActorHost(Protocol):
+    """What a session actor needs from its node supervisor."""
+
+    @property
+    def node_id(self) -> str: ...
+
+    @property
+    def config(self) -> RouterConfig: ...
+
+    @property
+    def backends(self) -> Backends: ...
+
+    async def open_handle(
+        self, session_id: str, agent_ref: str, attributes: Mapping[str, Any]
+    ) -> LiveSession: ...
+
+    async def deliver_frames(self, session_id: str, frames: Sequence[Event]) -> None: ...
+
+    async def complete(
+        self, work: TurnWork, outcome: Outcome, commit: StagedCommit | None = None
+    ) -> Outcome | None:
+        """Record and announce; the outcome announced (None: decided elsewhere or unknown).
+
+        Raises:
+            FencedOut: `commit` is under a lease older than the record's fence.
+        """
+        ...
+
+    async def take_over(self, message: InboundMessage) -> TurnWork | None: ...
+
+    async def answer_unreadable(self, session_id: str, entry: UnreadableEntry) -> None: ...
+
+    def holds_lease(self, session_id: str, token: int) -> bool: ...
+
+    def lease_lost(self, session_id: str, token: int) -> None:
+        """The actor of `session_id` under lease `token` lost that lease (told once)."""
+        ...
+
+    def events_dropped(self, session_id: str, count: int) -> None: ...
+
+    def actor_state_changed(self, session_id: str, token: int) -> None:
+        """The actor of `session_id` under lease `token` started or ended a turn or a drain."""
+        ...

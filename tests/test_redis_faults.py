@@ -1,0 +1,117 @@
+"""Faults between a node and Redis (a cut after the server ran a write, a stalled path): a key
+runs at most once, a turn commits at most once, and a failure answer means nothing committed."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from stickless import DeploymentMode, FailureCode, RouterConfig, SessionRouter, TurnFailedError
+from stickless.backends.redis import RedisBackends
+
+from .agents import Journal, ScriptedOpener, req, wait_until
+from .conftest import FAST
+from .faults import FaultProxy
+from .faults.fixtures import fault_proxy_fixture  # noqa: F401  (fixture `fault_proxy`)
+
+Start = Callable[..., Any]
+
+
+@pytest.fixture
+async def start(redis_url: str, journal: Journal) -> AsyncIterator[Start]:
+    """`await start(url, **overrides)`: a started router over Redis at `url` (shared namespace),
+    each with its own connections; all closed after the test."""
+    namespace = f"f{uuid.uuid4().hex[:8]}"
+    routers: list[SessionRouter] = []
+
+    async def make(url: str, **overrides: Any) -> SessionRouter:
+        config = RouterConfig(
+            node_id=f"n{len(routers)}", mode=DeploymentMode.DISTRIBUTED, **{**FAST, **overrides}
+        )
+        backends = RedisBackends.from_url(url, namespace=namespace)
+        router = SessionRouter.build(
+            config=config, opener=ScriptedOpener(journal), backends=backends
+        )
+        await router.start()
+        routers.append(router)
+        return router
+
+    yield make
+    for router in routers:
+        await router.aclose(grace=0.5)
+        await router.backends.aclose()
+
+
+async def _entries(router: SessionRouter, session_id: str) -> list[str]:
+    record = await router.backends.records.load(session_id)
+    return [e.content for e in record.entries] if record is not None else []
+
+
+async def test_a_delivery_retried_after_a_lost_reply_runs_once(
+    start: Start, fault_proxy: FaultProxy, redis_url: str, journal: Journal
+) -> None:
+    holder = await start(redis_url)
+    submitter = await start(fault_proxy.url())
+    gate = journal.gate("busy")
+    busy = await holder.submit(req("s1", "busy"))
+    await journal.entered["busy"].wait()
+    # Given the submitter's connection is cut right after the server ran its inbox delivery
+    # (redis-py sends it again), while the holder is busy (both copies wait in one batch)
+    cut = fault_proxy.cut_after(script="inbox_deliver")
+    disposition = await submitter.submit(req("s1", "once", idempotency_key="k"))
+    await cut.wait_fired()
+    gate.set()
+    await busy.result
+    # Then the turn ran once, committed once, and its caller got one answer
+    assert (await disposition.result).text == "echo:once"
+    idle = await holder.submit(req("s1", "after"))
+    await idle.result
+    assert journal.texts("s1") == ["busy", "once", "after"]
+    assert await _entries(holder, "s1") == [
+        "busy", "echo:busy", "once", "echo:once", "after", "echo:after"
+    ]
+
+
+async def test_a_commit_retried_after_a_lost_reply_appends_once(
+    start: Start, fault_proxy: FaultProxy, journal: Journal
+) -> None:
+    holder = await start(fault_proxy.url())
+    # Given the holder's connection is cut right after the server ran its commit
+    cut = fault_proxy.cut_after(script="idem_mark_done")
+    disposition = await holder.submit(req("s1", "once", idempotency_key="k"))
+    # Then the turn's entries are in the transcript once and its caller got success
+    assert (await disposition.result).text == "echo:once"
+    assert cut.count == 1
+    assert await _entries(holder, "s1") == ["once", "echo:once"]
+
+
+async def test_holder_lost_means_nothing_committed_even_when_the_commit_was_held_back(
+    start: Start, fault_proxy: FaultProxy, redis_url: str, journal: Journal
+) -> None:
+    holder = await start(fault_proxy.url())
+    survivor = await start(redis_url)
+    await (await holder.submit(req("s1", "warm up"))).result
+    gate = journal.gate("held")
+    # Given a turn running on a holder whose whole path to Redis then stalls as it commits
+    disposition = await survivor.submit(req("s1", "held", idempotency_key="k"))
+    await journal.entered["held"].wait()
+    stall = fault_proxy.stall("to_server")
+    gate.set()
+    # When the survivor's sweep declares the holder lost
+    with pytest.raises(TurnFailedError) as lost:
+        await disposition.result
+    assert lost.value.code is FailureCode.HOLDER_LOST
+    # And the held-back commit then reaches the server
+    stall.release()
+    await wait_until(lambda: fault_proxy.script_runs().get("idem_mark_done", 0) >= 1)
+    await asyncio.sleep(0)
+    # Then nothing of the lost turn was committed, and a retry of its key runs it once
+    warm = ["warm up", "echo:warm up"]
+    assert await _entries(survivor, "s1") == warm
+    retry = await survivor.submit(req("s1", "held", idempotency_key="k"))
+    assert (await retry.result).text == "echo:held"
+    assert await _entries(survivor, "s1") == [*warm, "held", "echo:held"]
