@@ -133,6 +133,9 @@ class Submitter(SessionPart):
                 raise
             verdict = classify(existing, input_hash, self._refused.get((session_id, key)))
             if verdict is Verdict.PLACE:
+                # Touched by renewals from now on: however long placing takes, the reservation
+                # of a live submit never looks abandoned to a holder-loss sweep.
+                self._renewer.own(session_id, key)
                 break
             assert existing is not None
             if verdict is Verdict.CONFLICT:
@@ -291,6 +294,7 @@ class Submitter(SessionPart):
                 work.session_id, work.key, self._node_id, queued_staleness(self._config)
             )
         )
+        self._renewer.disown(work.session_id, work.key)
         message_id = await io(self._backends.inbox.deliver(work.to_envelope()))
         self._callers.track(
             Forward(work.session_id, work.key, work.turn_id, self._deadline(), token)
