@@ -11,6 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 #: A configured node id; 9 characters stay free for the incarnation suffix.
 _NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,190}")
+#: Largest `max_input_bytes`: an envelope (input, request maps of at most 64 KiB each, ids)
+#: must stay below the wire's frame bound (`wire.MAX_FRAME_BYTES`, 32 MiB) to be decodable.
+MAX_INPUT_BYTES_BOUND = 16 * 1024 * 1024
 
 
 class DeploymentMode(enum.StrEnum):
@@ -25,6 +28,8 @@ class RouterConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    #: 1-200 of letters, digits and ._:@/+=-, starting alphanumeric (the whole string: no
+    #: trailing newline).
     node_id: str | None = None
     #: Append a per-process incarnation to `node_id` ("web" -> "web/3f9c2a1b"), so routers
     #: started with one configured id (several workers of one app, a restart) never share a
@@ -35,15 +40,28 @@ class RouterConfig(BaseModel):
     idle_ttl: float = Field(default=600.0, gt=0)
     max_cached_sessions: int = Field(default=1000, ge=1)
     lease_ttl: float = Field(default=30.0, gt=0)
+    #: Renewal period of leases and touch period of owned reservations. Must be shorter than
+    #: `lease_ttl` (else a lease expires between two renewals).
     lease_extend_interval: float = Field(default=10.0, gt=0)
     status_heartbeat_interval: float = Field(default=10.0, gt=0)
     holder_loss_sweep_interval: float = Field(default=15.0, gt=0)
     idempotency_primary_ttl: float = Field(default=86400.0, gt=0)
+    #: An IN_FLIGHT reservation not touched for this long is stale (its holder presumed lost).
+    #: Must be longer than `lease_extend_interval`: the renewer touches reservations once per
+    #: interval, so a shorter (or equal) TTL makes every turn that runs longer than it look
+    #: abandoned and end HOLDER_LOST while it is still running. Twice the interval or more
+    #: leaves room for a missed touch.
     idempotency_secondary_ttl: float = Field(default=30.0, gt=0)
     forward_ttl: float = Field(default=300.0, gt=0)
     release_interrupt_timeout: float = Field(default=5.0, gt=0)
+    #: Renewals stop when the main loop has not beaten for this long (None: 3 x `lease_ttl`).
+    #: Must be longer than the main loop's beat period, `heartbeat_interval` (half the extend
+    #: interval, at most 1 s): at or below it a healthy, idle node trips its own watchdog
+    #: between two beats and drops its leases.
     watchdog_timeout: float | None = Field(default=None, gt=0)
-    max_input_bytes: int = Field(default=1_000_000, ge=1)
+    #: Largest accepted encoded input; at most 16 MiB (MAX_INPUT_BYTES_BOUND), so that every
+    #: accepted request can also be forwarded (an envelope must fit the wire's 32 MiB frame).
+    max_input_bytes: int = Field(default=1_000_000, ge=1, le=MAX_INPUT_BYTES_BOUND)
     #: How long an interrupted agent may take to return before its turn task is cancelled.
     interrupt_grace: float = Field(default=2.0, gt=0)
     #: Bound of each local subscriber's queue; the oldest frame is dropped past it.
@@ -62,6 +80,18 @@ class RouterConfig(BaseModel):
     def _coherent(self) -> Self:
         if self.lease_extend_interval >= self.lease_ttl:
             raise ValueError("lease_extend_interval must be shorter than lease_ttl")
+        if self.idempotency_secondary_ttl <= self.lease_extend_interval:
+            raise ValueError(
+                f"idempotency_secondary_ttl ({self.idempotency_secondary_ttl}s) must be longer "
+                f"than lease_extend_interval ({self.lease_extend_interval}s): reservations are "
+                "touched once per interval, so every longer turn would end HOLDER_LOST"
+            )
+        if self.watchdog_timeout is not None and self.watchdog_timeout <= self.heartbeat_interval:
+            raise ValueError(
+                f"watchdog_timeout ({self.watchdog_timeout}s) must be longer than the main "
+                f"loop's heartbeat period ({self.heartbeat_interval}s: half of "
+                "lease_extend_interval, at most 1s), or a healthy node stops renewing its leases"
+            )
         if self.mode is DeploymentMode.DISTRIBUTED and self.node_id is None:
             raise ValueError("node_id is required in DISTRIBUTED mode")
         return self
@@ -76,6 +106,11 @@ class RouterConfig(BaseModel):
     def effective_watchdog_timeout(self) -> float:
         """The watchdog bound: configured, or 3 x lease TTL."""
         return self.watchdog_timeout if self.watchdog_timeout is not None else 3 * self.lease_ttl
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """How often the main loop tells the renewal watchdog it is alive."""
+        return min(self.lease_extend_interval / 2, 1.0)
 
     @property
     def forward_poll_interval(self) -> float:

@@ -7,17 +7,35 @@ outcomes) goes through `pack` / `unpack` and one of the models here.
 from __future__ import annotations
 
 import enum
+import re
 from typing import Any, Literal
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+)
 
 from ._errors import FailureCode
 from ._events import EVENT_ADAPTER, Event
-from ._types import PrimitiveMap, Principal, Priority, UserInput
+from ._types import (
+    MAX_MESSAGE_CHARS,
+    AttributeMap,
+    PrimitiveMap,
+    Principal,
+    Priority,
+    UserInput,
+)
 
 #: Upper bound of one encoded value; larger frames are refused on decode.
 MAX_FRAME_BYTES = 32 * 1024 * 1024
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class WireError(ValueError):
@@ -29,8 +47,24 @@ def _refuse_ext(code: int, data: bytes) -> Any:
 
 
 def pack(value: Any) -> bytes:
-    """Encode primitives (maps, lists, str, bytes, int, float, bool, None) as msgpack."""
-    packed: bytes = msgpack.packb(value, use_bin_type=True)
+    """Encode primitives (maps, lists, str, bytes, int, float, bool, None) as msgpack.
+
+    Values are checked where they are built (see the wire rules in `_types`, which also keep
+    every accepted value well below MAX_FRAME_BYTES); this is the last line: whatever still
+    cannot be encoded raises a WireError here instead of msgpack's own errors. (The size bound
+    is enforced by `unpack`, the receiving side.)
+
+    Raises:
+        WireError: the value is not encodable msgpack (an int out of range, a lone surrogate,
+            a non-primitive).
+    """
+    try:
+        packed: bytes = msgpack.packb(value, use_bin_type=True)
+    except Exception as exc:  # OverflowError, UnicodeEncodeError, TypeError, ValueError
+        reason = str(exc).encode("utf-8", "backslashreplace").decode("utf-8")
+        raise WireError(
+            f"value cannot be encoded as msgpack: {type(exc).__name__}: {reason}"
+        ) from None
     return packed
 
 
@@ -80,6 +114,10 @@ class Envelope(BaseModel):
     origin: StrictStr = ""
     #: Store clock at first delivery; kept on re-delivery so order survives a hand-over.
     enqueued_at: float = 0.0
+    #: The request's handle options and open attributes: the holder opens the session's live
+    #: handle with them when this message is the one that opens it.
+    options: PrimitiveMap = Field(default_factory=dict)
+    open_attributes: AttributeMap = Field(default_factory=dict)
 
     def encode(self) -> bytes:
         return pack(self.model_dump(mode="python"))
@@ -186,7 +224,18 @@ class Outcome(BaseModel):
     text: StrictStr = ""
     data: PrimitiveMap = Field(default_factory=dict)
     code: StrictStr = ""
+    #: Free text (often an agent's exception): made encodable (lone surrogates replaced) and cut
+    #: to MAX_MESSAGE_CHARS, so recording a failure can never fail to encode.
     message: StrictStr = ""
+
+    @field_validator("message", mode="before")
+    @classmethod
+    def _encodable_message(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        if len(value) > MAX_MESSAGE_CHARS:
+            value = value[: MAX_MESSAGE_CHARS - 1] + "\u2026"
+        return _SURROGATE.sub("\ufffd", value)
 
     @classmethod
     def failure(

@@ -283,7 +283,9 @@ async def test_unreadable_entry_fails_its_caller_and_spares_its_batch(
 
 
 async def test_graceful_shutdown_hands_sessions_over_at_once(journal: Journal) -> None:
-    async with make_cluster(journal, lease_ttl=30.0, lease_extend_interval=10.0) as cluster:
+    # (reservations are touched every 10 s here, so they must stay fresh longer than that)
+    settings = dict(lease_ttl=30.0, lease_extend_interval=10.0, idempotency_secondary_ttl=30.0)
+    async with make_cluster(journal, **settings) as cluster:
         a, b, c = cluster.nodes
         journal.gate("long")
         long_turn = await a.submit(req("s1", "long"))

@@ -108,7 +108,10 @@ async def test_row6_key_past_primary_ttl_runs_as_new(journal: Journal) -> None:
 
 
 async def test_row7_stale_in_flight_is_reset_and_rerun(journal: Journal) -> None:
-    async with make_cluster(journal, idempotency_secondary_ttl=0.2) as cluster:
+    # (touches must come more often than the short secondary TTL)
+    async with make_cluster(
+        journal, idempotency_secondary_ttl=0.2, lease_extend_interval=0.1
+    ) as cluster:
         a = cluster.nodes[0]
         request = req("s1", "retry me", idempotency_key="k")
         store = cluster.backends.idempotency

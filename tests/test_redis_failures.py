@@ -96,7 +96,13 @@ async def test_fencing_over_redis_refuses_a_paused_holders_commit(
 async def test_graceful_shutdown_over_redis_hands_the_session_over_at_once(
     redis_url: str, journal: Journal
 ) -> None:
-    settings = {**QUICK, "lease_ttl": 30.0, "lease_extend_interval": 10.0}
+    # (reservations are touched every 10 s here, so they must stay fresh longer than that)
+    settings = {
+        **QUICK,
+        "lease_ttl": 30.0,
+        "lease_extend_interval": 10.0,
+        "idempotency_secondary_ttl": 30.0,
+    }
     async with LocalCluster.over_redis(
         redis_url, 2, opener=ScriptedOpener(journal), **settings
     ) as c:

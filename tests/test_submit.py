@@ -216,7 +216,10 @@ async def test_forward_resolves_from_the_store_when_turn_result_is_missed(
 ) -> None:
     from .conftest import make_cluster
 
-    async with make_cluster(journal, idempotency_secondary_ttl=0.2) as cluster:
+    # (a short secondary TTL for a quick poll; touches must still come more often than it)
+    async with make_cluster(
+        journal, idempotency_secondary_ttl=0.2, lease_extend_interval=0.1
+    ) as cluster:
         a, b, _ = cluster.nodes
         await (await a.submit(req("s1", "claim"))).result
         # Given the holder's TURN_RESULT broadcasts never arrive

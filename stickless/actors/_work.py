@@ -42,6 +42,8 @@ class TurnWork:
     submit_options: PrimitiveMap = field(default_factory=dict)
     initiator: Principal | None = None
     context_discriminator: str | None = None
+    #: Handle options and open attributes (checked wire values): the live handle is opened with
+    #: them when this work is the first turn on the holder, local or forwarded alike.
     options: PrimitiveMap = field(default_factory=dict)
     open_attributes: dict[str, Any] = field(default_factory=dict)
     origin: str = ""
@@ -79,6 +81,8 @@ class TurnWork:
             submit_options=dict(env.submit_options),
             initiator=env.initiator,
             context_discriminator=env.context_discriminator,
+            options=dict(env.options),
+            open_attributes=dict(env.open_attributes),
             origin=env.origin,
             enqueued_at=env.enqueued_at,
         )
@@ -96,6 +100,8 @@ class TurnWork:
             initiator=self.initiator,
             origin=self.origin,
             enqueued_at=self.enqueued_at,
+            options=self.options,
+            open_attributes=self.open_attributes,
         )
 
     @property

@@ -15,7 +15,7 @@ from ..backends.base import Subscription
 from ..wire import Signal, SignalKind, WireError, frames_from_payload, frames_to_payload
 from ._background import log, quiet
 from ._context import NodeContext, RouterPart
-from ._stream import EventStream
+from ._stream import EventStream, check_cursor
 
 #: A reaction to one control signal; it may raise ValidationError / WireError on a bad payload.
 SignalHandler = Callable[[Signal], None]
@@ -94,7 +94,13 @@ class ControlChannel(RouterPart):
     # ------------------------------------------------------------ event frames
 
     def stream(self, session_id: str, turn_id: str | None, after: str | None) -> EventStream:
-        """A registered subscriber's stream; the session's event channel opens on first use."""
+        """A registered subscriber's stream; the session's event channel opens on first use.
+
+        Raises:
+            InvalidRequestError: `after` is not an event id (nothing is registered).
+        """
+        if after is not None:
+            check_cursor(after)
         sub = Subscriber(session_id, turn_id, self._config.subscriber_queue_size)
         self._hub.add(sub)
         ready = self._event_channels.get(session_id)

@@ -3,13 +3,35 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from .._errors import InvalidRequestError
 from .._events import Event, is_terminal
 from ..actors import Subscriber, drain_subscriber
 from ..backends.base import EventLog
 
 _REPLAY_PAGE = 500
+
+#: An event id as both event logs write it (a Redis stream id): "<ms>-<n>", or "<ms>" alone
+#: (read as "<ms>-0"), each part an unsigned 64-bit decimal, ASCII digits only.
+_EVENT_ID = re.compile(r"([0-9]{1,20})(?:-([0-9]{1,20}))?")
+_U64_MAX = 2**64 - 1
+
+
+def check_cursor(after: object) -> None:
+    """The syntax check of an `after=` cursor (whether the log still holds it is the log's
+    business).
+
+    Raises:
+        InvalidRequestError: `after` is not an event id.
+    """
+    match = _EVENT_ID.fullmatch(after) if isinstance(after, str) else None
+    if match is None or any(int(part) > _U64_MAX for part in match.groups() if part):
+        shown = repr(after)[:60].encode("utf-8", "backslashreplace").decode("utf-8")
+        raise InvalidRequestError(
+            f"after: must be an event id '<ms>-<n>' (unsigned 64-bit decimals), got {shown}"
+        )
 
 
 class EventStream:

@@ -85,7 +85,10 @@ class Submitter(SessionPart):
                 req = SubmitRequest.model_validate(dict(request))
             except ValidationError as exc:
                 raise invalid_request(exc) from None
-        size = len(req.input.canonical_bytes())
+        try:
+            size = len(req.input.canonical_bytes())
+        except (TypeError, ValueError, OverflowError) as exc:  # a model built unvalidated
+            raise InvalidRequestError(f"input: cannot be encoded: {type(exc).__name__}") from None
         if size > self._config.max_input_bytes:
             raise InvalidRequestError(
                 f"input: encoded size {size} bytes exceeds max_input_bytes "
