@@ -268,10 +268,10 @@ async def test_wedged_node_loses_its_session_to_another_process(
         except TurnFailedError as exc:
             outcome = f"{exc.code.value}: {exc.detail}"
         end = await cluster.ended(sid, wedged["turn_id"])
-        # (the holder-loss announcer's Interrupted comes first; the wedged node's own end later)
-        frames = await next_frames(
-            stream, wedged["turn_id"], until=("turn_failed", "turn_completed")
-        )
+        # (one terminal frame: the holder-loss announcer's, or the wedged node's own when it
+        # recorded its loss first -- never both, a turn ends once)
+        frames = await next_frames(stream, wedged["turn_id"])
+        assert _terminal_code(frames[-1]) in (FailureCode.HOLDER_LOST, FailureCode.LEASE_LOST)
         seen = [(f.type, getattr(f, "reason", None) or getattr(f, "message", None)) for f in frames]
         print(f"\nwedged turn: agent ended {end.how!r}; its caller got {outcome}; frames: {seen}")
         # Then the next turn still runs away from A and the transcript never interleaves
@@ -343,13 +343,16 @@ async def test_stopped_holder_is_fenced_out_after_a_takeover(
             await asyncio.wait_for(gated_result, 20)
         assert failure.value.code in (FailureCode.LEASE_LOST, FailureCode.HOLDER_LOST)
         end = await cluster.ended(sid, gated["turn_id"])
-        # ...and A itself ended the turn as LEASE_LOST: its commit was refused (by the store's
-        # fence, or before it by the renewer having seen the loss), or it was interrupted first
+        # ...and the turn's one terminal frame says what its caller was told (A's late commit
+        # was refused: the loss was recorded first, by the sweep or by A itself)
         await poll(
-            lambda: _ended_by_lease_loss(frames, gated["turn_id"]),
+            lambda: _terminals(frames, gated["turn_id"]),
             10,
-            "the stopped node never ended its turn as LEASE_LOST",
+            "no terminal frame of the stopped node's turn",
         )
+        assert [_terminal_code(f) for f in await _terminals(frames, gated["turn_id"])] == [
+            failure.value.code
+        ]
         seen = [
             (f.type, getattr(f, "reason", None) or getattr(f, "message", None))
             for f in frames
@@ -372,15 +375,17 @@ async def test_stopped_holder_is_fenced_out_after_a_takeover(
         await stream.aclose()
 
 
-async def _ended_by_lease_loss(frames: list[Any], turn_id: str) -> bool:
-    return any(
-        f.turn_id == turn_id
-        and (
-            (f.type == "turn_failed" and f.code is FailureCode.LEASE_LOST)
-            or (f.type == "interrupted" and f.reason == FailureCode.LEASE_LOST.value)
-        )
-        for f in frames
-    )
+async def _terminals(frames: list[Any], turn_id: str) -> list[Any]:
+    return [f for f in frames if f.turn_id == turn_id and f.type in TERMINAL]
+
+
+def _terminal_code(frame: Any) -> FailureCode | None:
+    """The failure a terminal frame reports (None for a completed turn)."""
+    if frame.type == "turn_failed":
+        return FailureCode(frame.code)
+    if frame.type in ("interrupted", "rejected"):
+        return FailureCode.parse(frame.reason)
+    return None
 
 
 # ====================================================================== b. the randomized storm

@@ -475,11 +475,13 @@ class SessionActor:
             )
             announced = await host.complete(work, outcome)
         # The terminal frame follows the recorded answer: a turn whose answer was decided
-        # elsewhere (its holder declared lost) ends with the frame its decider sent.
+        # elsewhere (this node declared lost) ends with the frame its decider sent, and this
+        # node's hold of the session is in doubt: it hands the session back.
         if announced is outcome:
             relay.emit(terminal)  # flushed by its dispatcher; nobody waits for that
         else:
             relay.close()
+            self.lose_lease()
         for joined in running.joined:
             answer = announced or _failure(
                 joined,

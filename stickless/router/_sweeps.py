@@ -79,7 +79,7 @@ class Sweeps(SessionPart):
 
     async def _heartbeat_loop(self) -> None:
         """Tell the renewer's watchdog that this loop is alive."""
-        interval = min(self._config.lease_extend_interval / 2, 1.0)
+        interval = self._config.heartbeat_interval
         while True:
             self._renewer.beat()
             if not await self._bg.pause(interval):

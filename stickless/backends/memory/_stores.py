@@ -362,6 +362,12 @@ class MemoryIdempotencyStore:
             else []
         )
         with self._link.open() as state:
+            record = state.records.get(session_id)
+            if commit is not None:  # a fenced-out holder must learn it has lost the session
+                if record is None:
+                    raise FencedOut(f"session {session_id} has no record")
+                if commit.token < record.fence:
+                    raise FencedOut(f"token {commit.token} is older than fence {record.fence}")
             now = state.clock()
             row = _live_reservation(state, session_id, key, now)
             if row is None or row.turn_id != outcome.turn_id:
@@ -370,12 +376,7 @@ class MemoryIdempotencyStore:
                 return row.outcome == data
             if not (_held_by(row, holder) or _held_by(row, None)):
                 return False
-            if commit is not None:
-                record = state.records.get(session_id)
-                if record is None:
-                    raise FencedOut(f"session {session_id} has no record")
-                if commit.token < record.fence:
-                    raise FencedOut(f"token {commit.token} is older than fence {record.fence}")
+            if record is not None:
                 record.entries.extend(packed)
             row.state = ReservationState.DONE if outcome.final else ReservationState.FAILED
             row.outcome = data

@@ -6,6 +6,13 @@
 -- than the record's fence. Safe to run twice: a run that finds its own outcome already recorded
 -- for the turn reports success and writes nothing.
 -- Reply: {1} recorded, {0} refused (not this turn's in-flight reservation), {2, fence} fenced out.
+-- A fenced-out commit is reported first: its holder has lost the session and must know.
+if ARGV[6] ~= '' then
+  local fence = redis.call('HGET', KEYS[2], 'fence')
+  if not fence or tonumber(ARGV[6]) < tonumber(fence) then
+    return {2, fence or ''}
+  end
+end
 local t = now()
 local r = load_reservation(KEYS[1], t)
 if not r or r.turn ~= ARGV[2] then
@@ -21,10 +28,6 @@ if r.holder and r.holder ~= ARGV[1] then
   return {0}
 end
 if ARGV[6] ~= '' then
-  local fence = redis.call('HGET', KEYS[2], 'fence')
-  if not fence or tonumber(ARGV[6]) < tonumber(fence) then
-    return {2, fence or ''}
-  end
   local batch = 1000
   for first = 7, #ARGV, batch do
     redis.call('RPUSH', KEYS[3], unpack(ARGV, first, math.min(first + batch - 1, #ARGV)))
