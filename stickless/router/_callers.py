@@ -79,6 +79,10 @@ class CallerTable:
     def waiting(self, turn_id: str) -> bool:
         return turn_id in self._waiters
 
+    def futures(self) -> list[asyncio.Future[TurnResult]]:
+        """Every waiting caller's future."""
+        return [w.future for waiters in self._waiters.values() for w in waiters]
+
     def track(self, forward: Forward, *, replace: bool = True) -> None:
         """Follow a turn from afar: its callers here become forwarded, with `forward`'s deadline.
 
@@ -138,7 +142,12 @@ class CallerTable:
         for turn_id, entries in waiters.items():
             for waiter in entries:
                 if not waiter.future.done():
-                    waiter.future.set_exception(RouterClosedError(f"{message} (turn {turn_id})"))
+                    waiter.future.set_exception(
+                        RouterClosedError(
+                            f"{message} before turn {turn_id} was answered; it may still run "
+                            "elsewhere: retry with the same idempotency key to learn its outcome"
+                        )
+                    )
 
     def _drop_forward(self, turn_id: str) -> None:
         forward = self._forwards.pop(turn_id, None)

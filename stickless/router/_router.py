@@ -187,11 +187,14 @@ class SessionRouter:
         self._sweeps.start()
 
     async def aclose(self, grace: float = 5.0) -> None:
-        """Graceful shutdown: stop accepting, let turns finish up to `grace`, interrupt the
-        rest, hand queued work back to the inbox, close handles, release leases."""
+        """Graceful shutdown: stop accepting, let turns finish up to `grace`, end the rest
+        (SHUTDOWN), hand queued work back to the inbox, close handles, release leases; then wait
+        out the grace for the answers of the work handed on, and withdraw what nobody took (its
+        callers get SHUTDOWN, and it never runs)."""
         if self._bg.closed:
             return
         self._bg.closed = True
+        deadline = asyncio.get_running_loop().time() + grace
         actors = self._sessions.actors()
         for actor in actors:
             actor.accepting = False
@@ -202,6 +205,7 @@ class SessionRouter:
             *(self._handover.give_up(a, StopReason.SHUTDOWN) for a in actors),
             return_exceptions=True,
         )
+        await self._sweeps.settle_before_close(deadline)
         await asyncio.to_thread(self._renewer.stop)
         self._cancel_status_flush()
         await self._bg.stop()

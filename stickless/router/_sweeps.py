@@ -110,17 +110,32 @@ class Sweeps(SessionPart):
         await self._sessions.claim_unheld(forward.session_id)
         await self._control.ring_doorbell(forward.session_id, None)
 
-    async def withdraw(self, forward: Forward) -> None:
-        """A forward's deadline passed: if its message is still queued, make sure it never runs
-        (its reservation then records why, and a retry with the same key runs fresh)."""
-        withdrawn = Outcome.failure(
-            forward.turn_id,
-            FailureCode.FORWARD_TIMEOUT,
-            f"not run: still queued when forward_ttl ({self._config.forward_ttl}s) passed",
-            self._node_id,
-        )
+    async def withdraw(
+        self, forward: Forward, code: FailureCode = FailureCode.FORWARD_TIMEOUT
+    ) -> Outcome | None:
+        """Make sure a forward's message never runs if it is still queued (no node took it
+        over): its reservation then records why, and a retry with the same key runs fresh.
+        Returns that answer, or None when the message was taken over (or the store failed)."""
+        if code is FailureCode.FORWARD_TIMEOUT:
+            why = f"still queued when forward_ttl ({self._config.forward_ttl}s) passed"
+        else:
+            why = f"still queued when node {self._node_id} shut down"
+        withdrawn = Outcome.failure(forward.turn_id, code, f"not run: {why}", self._node_id)
         idem = self._backends.idempotency
-        await quiet(idem.compare_and_reset(forward.session_id, forward.key, None, withdrawn))
+        won = await quiet(idem.compare_and_reset(forward.session_id, forward.key, None, withdrawn))
+        return withdrawn if won else None
+
+    async def settle_before_close(self, deadline: float) -> None:
+        """Closing: wait (until `deadline`) for the answers of turns this node handed on, then
+        withdraw what is still queued, so no caller is told "closed" about a turn that runs."""
+        loop = asyncio.get_running_loop()
+        pending = self._callers.futures()
+        if pending and deadline > loop.time():
+            await asyncio.wait(pending, timeout=deadline - loop.time())
+        for forward in self._callers.forwards():
+            withdrawn = await self.withdraw(forward, FailureCode.SHUTDOWN)
+            if withdrawn is not None:
+                self._callers.resolve(withdrawn)
 
     async def _cache_sweep_loop(self) -> None:
         interval = max(0.05, min(self._config.idle_ttl / 2, 30.0))
