@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -157,27 +158,81 @@ def sort_messages(messages: list[InboundMessage]) -> list[InboundMessage]:
     return sorted(messages, key=lambda m: (int(m.envelope.priority), m.envelope.enqueued_at))
 
 
-def decode_entries(session_id: str, entries: Iterable[tuple[str, bytes, float]]) -> CollectedBatch:
-    """Decode removed inbox entries `(message id, bytes, arrival time)` one by one.
+def decode_entries(
+    session_id: str, entries: Iterable[tuple[str, object, object]]
+) -> CollectedBatch:
+    """Decode removed inbox entries `(message id, stored bytes, stored arrival time)` one by one.
 
-    An unreadable entry never takes its batch with it: it is logged once (session and entry
-    id, never the payload) and returned addressable by whatever turn id and key could be read.
+    The entry is the boundary of a failure: anything wrong with one entry (bytes that are not an
+    envelope, an arrival that is missing or not a finite number, a value of the wrong type, any
+    exception at all) turns only that entry into an `UnreadableEntry`, addressable by whatever
+    turn id and key could be read; this never raises, because the entries are already out of the
+    store. Each unreadable entry is logged once (session and entry id, never the payload).
     The arrival time becomes `enqueued_at` of an envelope delivered without one.
     """
     messages: list[InboundMessage] = []
     unreadable: list[UnreadableEntry] = []
     for message_id, data, arrived in entries:
         try:
-            envelope = Envelope.decode(data)
-        except WireError as exc:
-            _log.warning("unreadable inbox entry %s of session %s: %s", message_id, session_id, exc)
-            turn_id, key = salvage_addresses(data)
-            unreadable.append(UnreadableEntry(message_id, turn_id, key, str(exc)))
-            continue
-        if envelope.enqueued_at == 0:
-            envelope = envelope.model_copy(update={"enqueued_at": arrived})
-        messages.append(InboundMessage(message_id, envelope))
+            messages.append(InboundMessage(message_id, _decode_entry(data, arrived)))
+        except Exception as exc:  # the entry is the boundary: nothing escapes the batch
+            reason = (
+                str(exc)
+                if isinstance(exc, WireError)
+                else f"undecodable entry: {type(exc).__name__}"
+            )
+            _log.warning(
+                "unreadable inbox entry %s of session %s: %s", message_id, session_id, reason
+            )
+            turn_id, key = _salvage(data)
+            unreadable.append(UnreadableEntry(message_id, turn_id, key, reason))
     return CollectedBatch(sort_messages(messages), unreadable)
+
+
+def _decode_entry(data: object, arrived: object) -> Envelope:
+    """One stored entry as an envelope stamped with its arrival time.
+
+    Raises:
+        WireError: (or anything else) the entry is not a readable message.
+    """
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise WireError(f"entry data is {type(data).__name__}, not bytes")
+    envelope = Envelope.decode(bytes(data))
+    if not math.isfinite(envelope.enqueued_at):
+        raise WireError("envelope enqueue time is not a finite number")
+    arrival = _arrival(arrived)
+    if envelope.enqueued_at == 0:
+        envelope = envelope.model_copy(update={"enqueued_at": arrival})
+    return envelope
+
+
+def _arrival(value: object) -> float:
+    """A stored arrival time (a number, or its text as bytes or str) as a finite float.
+
+    Raises:
+        WireError: the value is missing, of another type, or not a finite number.
+    """
+    if isinstance(value, bytes | bytearray):
+        value = bytes(value).decode("ascii", errors="replace")
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise WireError(f"arrival time is {type(value).__name__}, not a number")
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise WireError("arrival time is not a number") from None
+    if not math.isfinite(seconds):
+        raise WireError("arrival time is not a finite number")
+    return seconds
+
+
+def _salvage(data: object) -> tuple[str | None, str | None]:
+    """Best-effort addresses of an unreadable entry; (None, None) when even that fails."""
+    try:
+        if isinstance(data, bytes | bytearray | memoryview):
+            return salvage_addresses(bytes(data))
+    except Exception:  # salvage is best effort: an unreadable entry stays answerable by id
+        pass
+    return None, None
 
 
 class Inbox(Protocol):

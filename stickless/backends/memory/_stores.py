@@ -183,7 +183,7 @@ class MemoryRecordStore:
 
 def _decode_rows(session_id: str, rows: list[InboxRow]) -> CollectedBatch:
     """Decode removed rows one by one (see `base.decode_entries`)."""
-    return decode_entries(session_id, ((row.message_id, row.data, 0.0) for row in rows))
+    return decode_entries(session_id, ((row.message_id, row.data, row.arrived_at) for row in rows))
 
 
 class MemoryInbox:

@@ -250,11 +250,12 @@ class RedisRecordStore(_Role):
 
 def _decode_entries(session_id: str, flat: Sequence[Any]) -> CollectedBatch:
     """Decode removed entries one by one (see `base.decode_entries`); `flat` repeats (tier,
-    stream id, encoded envelope, arrival time)."""
+    stream id, encoded envelope or None, arrival time as stored or None). The stored fields
+    are handed over raw: parsing them is part of the per-entry decode, never of the batch."""
     return decode_entries(
         session_id,
         (
-            (f"{int(flat[i])}:{_text(flat[i + 1])}", flat[i + 2], float(flat[i + 3]))
+            (f"{int(flat[i])}:{_text(flat[i + 1])}", flat[i + 2], flat[i + 3])
             for i in range(0, len(flat), 4)
         ),
     )
