@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,8 +30,10 @@ from ..base import (
     Reservation,
     ReservationRef,
     ReservationState,
+    cursor_ahead,
+    cursor_trimmed,
     decode_entries,
-    event_id_key,
+    parse_event_cursor,
 )
 from ._keys import TIERS, Keys, parse_reservation_member, reservation_member
 from ._scripts import Call, Scripts, run_batch
@@ -80,6 +83,10 @@ class RedisLeaseStore(_Role):
     member lost to a crash between script and index write only loses the shortcut (that lease
     then expires by its TTL).
     """
+
+    def __init__(self, client: Redis, scripts: Scripts, keys: Keys, token_ttl: float) -> None:
+        super().__init__(client, scripts, keys)
+        self._token_ttl = token_ttl
 
     async def acquire(self, session_id: str, holder: str, ttl: float) -> Lease | HeldElsewhere:
         """Take a free or expired lease (new token); refresh the holder's own (same token)."""
@@ -269,6 +276,10 @@ class RedisInbox(_Role):
     in different slots) and healed by `pending_sessions`, which checks every candidate against
     the session's own streams.
     """
+
+    def __init__(self, client: Redis, scripts: Scripts, keys: Keys, ttl: float) -> None:
+        super().__init__(client, scripts, keys)
+        self._ttl = ttl
 
     async def deliver(self, envelope: Envelope) -> str:
         """Append the envelope to its tier; collect stamps `enqueued_at` when it is 0."""
@@ -662,43 +673,63 @@ class RedisIdempotencyStore(_Role):
 # --------------------------------------------------------------------------- event log
 
 
-class RedisEventLog(_Role):
-    """One stream per session, trimmed with approximate MAXLEN; ids are the stream ids."""
+def _ms(seconds: float) -> int:
+    """A positive TTL in whole milliseconds (rounded up, at least 1)."""
+    return max(1, math.ceil(seconds * 1000))
 
-    def __init__(self, client: Redis, scripts: Scripts, keys: Keys, max_len: int) -> None:
+
+class RedisEventLog(_Role):
+    """One stream per session, trimmed exactly to `max_len` by the append script, the newest
+    dropped id kept as the stream's max-deleted-entry-id; the stream expires `ttl` seconds after
+    its last append or delete. Ids are the stream ids (see `EventLog` for cursor rules)."""
+
+    def __init__(
+        self, client: Redis, scripts: Scripts, keys: Keys, max_len: int, ttl: float
+    ) -> None:
         super().__init__(client, scripts, keys)
         self._max_len = max_len
+        self._ttl_ms = _ms(ttl)
 
     async def append(self, session_id: str, events: Sequence[Event]) -> list[str]:
-        """Append frames in order, in one round trip, and return their ids."""
+        """Append frames in order, in one script (trim and expiry included); their ids."""
         if not events:
             return []
-        stream = self._keys.event_log(session_id)
-        pipe = self._client.pipeline(transaction=False)
-        for event in events:
-            pipe.xadd(stream, {"f": encode_event(event)}, maxlen=self._max_len, approximate=True)
-        return [_text(event_id) for event_id in await pipe.execute()]
+        ids = await self._scripts.events_append(
+            keys=[self._keys.event_log(session_id)],
+            args=[self._max_len, self._ttl_ms, *(encode_event(event) for event in events)],
+        )
+        return [_text(event_id) for event_id in ids]
 
     async def read(self, session_id: str, after: str | None, limit: int) -> list[Event]:
-        """Up to `limit` frames with ids strictly after `after` (all when None), ids set."""
+        """Up to `limit` frames with ids strictly after `after` (all when None), ids set.
+
+        Raises:
+            EventCursorTrimmedError, EventCursorAheadError, InvalidRequestError: see `EventLog`.
+        """
+        cursor = "" if after is None else "{}-{}".format(*parse_event_cursor(after))
         if limit <= 0:
             return []
-        if after is None:
-            start = "-"
-        else:
-            major, minor = event_id_key(after)
-            start = f"({major}-{minor}"
-        entries = await self._scripts.events_read(
-            keys=[self._keys.event_log(session_id)], args=[self._max_len, start, limit]
+        reply = await self._scripts.events_read(
+            keys=[self._keys.event_log(session_id)], args=[self._max_len, cursor, limit]
         )
+        code = int(reply[0])
+        if code == 1:
+            raise cursor_trimmed(session_id, cursor, _text(reply[1]) or None, _text(reply[2]))
+        if code == 2:
+            raise cursor_ahead(session_id, cursor, _text(reply[1]))
+        if code == 3:
+            raise cursor_trimmed(session_id, cursor, None, None)
         return [
             decode_event(dict(_pairs(fields))[b"f"], _text(event_id))
-            for event_id, fields in entries
+            for event_id, fields in reply[1]
         ]
 
     async def delete(self, session_id: str) -> None:
-        """Empty the session's stream; the emptied stream keeps its last id so ids never go back."""
-        await self._client.xtrim(self._keys.event_log(session_id), maxlen=0, approximate=False)
+        """Empty the session's stream, kept (with its last id, expiring `ttl` from now) so ids
+        never go back and older cursors read as trimmed."""
+        await self._scripts.events_delete(
+            keys=[self._keys.event_log(session_id)], args=[self._ttl_ms]
+        )
 
 
 def _pairs(flat: Sequence[Any]) -> list[tuple[Any, Any]]:

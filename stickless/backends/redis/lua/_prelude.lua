@@ -46,3 +46,34 @@ local function reservation_reply(r, t)
   return {r.turn, r.hash, has_holder, r.holder or '', r.state, r.touched, stale, r.outcome or '',
     r.stale}
 end
+
+-- XINFO STREAM of a stream as a table of its fields ('last-generated-id', ...).
+local function stream_info(key)
+  local info = redis.call('XINFO', 'STREAM', key)
+  local fields = {}
+  for i = 1, #info, 2 do
+    fields[info[i]] = info[i + 1]
+  end
+  return fields
+end
+
+-- Compare two stream ids '<ms>-<seq>' written without leading zeros: -1, 0 or 1. Exact for any
+-- 64-bit parts (compared as digit strings, never as Lua numbers).
+local function compare_ids(a, b)
+  local ams, aseq = string.match(a, '^(%d+)-(%d+)$')
+  local bms, bseq = string.match(b, '^(%d+)-(%d+)$')
+  local function digits(x, y)
+    if #x ~= #y then
+      return #x < #y and -1 or 1
+    end
+    if x == y then
+      return 0
+    end
+    return x < y and -1 or 1
+  end
+  local c = digits(ams, bms)
+  if c ~= 0 then
+    return c
+  end
+  return digits(aseq, bseq)
+end
