@@ -123,7 +123,9 @@ BAD_ENTRIES: list[tuple[str, Any, Any, str | None]] = [
 ]
 
 
-@pytest.mark.parametrize(("case", "data", "arrival", "turn_id"), BAD_ENTRIES, ids=lambda v: v)
+@pytest.mark.parametrize(
+    ("case", "data", "arrival", "turn_id"), BAD_ENTRIES, ids=[case for case, *_ in BAD_ENTRIES]
+)
 async def test_any_bad_field_turns_only_its_entry_unreadable(
     backends: Backends,
     plant_entry: PlantEntry,

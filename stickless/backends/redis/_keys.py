@@ -43,7 +43,8 @@ class Keys:
         return f"{self.tag(session_id)}:lease"
 
     def token_counter(self, session_id: str) -> str:
-        """Fencing-token counter; never deleted so tokens outlive release and record delete."""
+        """Fencing-token counter; outlives release and record delete, expiring `token_ttl`
+        after the last lease it served (a missing counter restarts above the old tokens)."""
         return f"{self.tag(session_id)}:tokens"
 
     def record(self, session_id: str) -> str:

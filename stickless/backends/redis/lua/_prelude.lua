@@ -13,6 +13,19 @@ local function expire_at(key, seconds)
   redis.call('PEXPIREAT', key, string.format('%.0f', math.ceil(seconds * 1000)))
 end
 
+-- The next fencing token of a counter, as an integer string. A missing counter (never used,
+-- expired, or lost with a restarted server) starts from the server clock in microseconds, above
+-- every token an earlier counter of the session could have issued (one acquire takes far more
+-- than a microsecond), so tokens never go back and a stale holder stays fenced out. Tokens stay
+-- below 2^53, exact in Lua, until the year 2255.
+local function next_token(key)
+  if redis.call('EXISTS', key) == 0 then
+    local t = redis.call('TIME')
+    redis.call('SET', key, string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2])))
+  end
+  return string.format('%.0f', redis.call('INCR', key))
+end
+
 -- The live lease {holder, token, exp} of a lease hash, or nil when missing or expired.
 local function live_lease(key, t)
   local cur = redis.call('HMGET', key, 'holder', 'token', 'exp')
