@@ -26,6 +26,13 @@ local function next_token(key)
   return string.format('%.0f', redis.call('INCR', key))
 end
 
+-- Expire a token counter `token_ttl` after a lease expiring at `lease_exp` (no-op when nil).
+local function keep_counter(key, lease_exp, token_ttl)
+  if token_ttl then
+    expire_at(key, lease_exp + token_ttl)
+  end
+end
+
 -- The live lease {holder, token, exp} of a lease hash, or nil when missing or expired.
 local function live_lease(key, t)
   local cur = redis.call('HMGET', key, 'holder', 'token', 'exp')
