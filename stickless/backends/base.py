@@ -410,7 +410,8 @@ class EventLog(Protocol):
     its last id until it expires. A cursor is judged against what the log dropped, so a resume
     never silently skips frames:
 
-    - `after=None` reads from the oldest retained frame and never raises;
+    - `after=None`, or the origin `'0-0'` (which no log issues as an id), reads from the oldest
+      retained frame and never raises: it asks for whatever is held, not to resume;
     - a cursor equal to the last id, or at or after the newest dropped frame, reads on (possibly
       an empty page: nothing new yet);
     - a cursor older than a dropped frame (trimmed by the bound, or deleted with the session)
@@ -464,6 +465,19 @@ def parse_event_cursor(cursor: str) -> tuple[int, int]:
     if major >= _STREAM_ID_LIMIT or minor >= _STREAM_ID_LIMIT:
         raise InvalidRequestError(f"after: {cursor!r} is out of the event id range")
     return major, minor
+
+
+def resume_cursor(after: str | None) -> tuple[int, int] | None:
+    """The (ms, seq) of a resume cursor, or None to read from the oldest retained frame (for
+    `after=None` and for the origin '0-0', which no log issues).
+
+    Raises:
+        InvalidRequestError: the cursor is not an event id (see `parse_event_cursor`).
+    """
+    if after is None:
+        return None
+    cursor = parse_event_cursor(after)
+    return None if cursor == (0, 0) else cursor
 
 
 def cursor_trimmed(

@@ -176,3 +176,17 @@ def test_cursor_errors_pickle_with_their_details() -> None:
             error.oldest_id,
             error.last_id,
         )
+
+
+@pytest.mark.parametrize("origin", ["0-0", "0"])
+async def test_origin_cursor_reads_whatever_is_held(backends: Backends, origin: str) -> None:
+    # Given no log yet, then a log that dropped frames past its bound
+    # Then the origin (which no log issues as an id) reads like no cursor at all: it asks for
+    # everything held (e.g. to replay a turn that started before subscribing), never raises
+    assert await backends.events.read("s1", origin, 100) == []
+    ids = await _fill(backends, 120)
+    read = await backends.events.read("s1", origin, 1000)
+    assert [e.event_id for e in read] == [
+        e.event_id for e in await backends.events.read("s1", None, 1000)
+    ]
+    assert read[-1].event_id == ids[-1]

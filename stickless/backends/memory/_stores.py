@@ -30,7 +30,7 @@ from ..base import (
     cursor_trimmed,
     decode_entries,
     event_id_key,
-    parse_event_cursor,
+    resume_cursor,
 )
 from ._shared import InboxRow, LeaseRow, Link, RecordRow, ReservationRow, State
 
@@ -488,6 +488,8 @@ class MemoryEventLog:
             ids: list[str] = []
             for data in encoded:
                 last_ms, last_n = (ms, 0) if ms > last_ms else (last_ms, last_n + 1)
+                if (last_ms, last_n) == (0, 0):  # '0-0' is the origin cursor, never an id
+                    last_n = 1
                 event_id = f"{last_ms}-{last_n}"
                 stream.append((event_id, data))
                 ids.append(event_id)
@@ -504,7 +506,7 @@ class MemoryEventLog:
         Raises:
             EventCursorTrimmedError, EventCursorAheadError, InvalidRequestError: see `EventLog`.
         """
-        floor = None if after is None else parse_event_cursor(after)
+        floor = resume_cursor(after)
         selected: list[tuple[str, bytes]] = []
         with self._link.open() as state:
             _expire_logs(state, state.clock())

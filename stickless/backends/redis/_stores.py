@@ -33,7 +33,7 @@ from ..base import (
     cursor_ahead,
     cursor_trimmed,
     decode_entries,
-    parse_event_cursor,
+    resume_cursor,
 )
 from ._keys import TIERS, Keys, parse_reservation_member, reservation_member
 from ._scripts import Call, Scripts, run_batch
@@ -741,7 +741,8 @@ class RedisEventLog(_Role):
         Raises:
             EventCursorTrimmedError, EventCursorAheadError, InvalidRequestError: see `EventLog`.
         """
-        cursor = "" if after is None else "{}-{}".format(*parse_event_cursor(after))
+        floor = resume_cursor(after)
+        cursor = "" if floor is None else f"{floor[0]}-{floor[1]}"
         if limit <= 0:
             return []
         reply = await self._scripts.events_read(
