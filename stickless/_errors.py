@@ -146,3 +146,54 @@ def _rebuild_turn_failure(
         turn_id=turn_id,
         executed_by=executed_by,
     )
+
+
+class EventCursorError(SticklessError):
+    """A resume cursor (`after=`) the session's event log cannot serve without a silent gap.
+
+    `oldest_id` is the oldest event id still retained and `last_id` the newest id the log ever
+    gave, each None when the log holds none. Subclasses say which way the cursor is off.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        session_id: str = "",
+        cursor: str = "",
+        oldest_id: str | None = None,
+        last_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+        self.cursor = cursor
+        self.oldest_id = oldest_id
+        self.last_id = last_id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_cursor_error,
+            (type(self), self.message, self.session_id, self.cursor, self.oldest_id, self.last_id),
+        )
+
+
+class EventCursorTrimmedError(EventCursorError):
+    """Events after the cursor were dropped: trimmed by the log's length bound, deleted with the
+    session, or expired with the whole log (then `oldest_id` and `last_id` are None). Replay
+    cannot be gap-free; resynchronise from the session record, then follow the live stream."""
+
+
+class EventCursorAheadError(EventCursorError):
+    """The cursor is later than the newest id the log ever gave (`last_id`): it was not issued by
+    this log (another session, namespace or store)."""
+
+
+def _rebuild_cursor_error(
+    cls: type[EventCursorError],
+    message: str,
+    session_id: str,
+    cursor: str,
+    oldest_id: str | None,
+    last_id: str | None,
+) -> EventCursorError:
+    return cls(message, session_id=session_id, cursor=cursor, oldest_id=oldest_id, last_id=last_id)

@@ -290,7 +290,7 @@ async def test_cut_after_a_stickless_script(fault_proxy: FaultProxy, redis_url: 
             await node.leases.acquire("s1", "node-a", 30.0)
         await cut.wait_fired()
         lease = await check.leases.current("s1")
-        assert lease is not None and (lease.holder, lease.token) == ("node-a", 1)
+        assert lease is not None and lease.holder == "node-a"
         [event] = cut.events
         assert (event.command, event.script) == ("EVALSHA", "lease_acquire")
         # The flushed server first refused the EVALSHA (NOSCRIPT: it did not run, the rule

@@ -29,6 +29,7 @@ from stickless import (
     TranscriptEntry,
     UserInput,
 )
+from stickless._errors import EventCursorTrimmedError
 from stickless.backends.base import Lease, ReservationRef, ReservationState
 from stickless.backends.redis import RedisBackends
 from stickless.backends.redis._keys import parse_reservation_member, reservation_member
@@ -512,7 +513,9 @@ async def test_pending_index_rescores_a_too_early_score(bundle: RedisBackends) -
 # --------------------------------------------------------------------------- bounds
 
 
-async def test_event_log_trimming_is_approximate_but_bounded(bundle: RedisBackends) -> None:
+async def test_event_log_trimming_is_exact_and_trimmed_cursors_are_reported(
+    bundle: RedisBackends,
+) -> None:
     # Given ten times the bound appended (the bundle keeps 100)
     ids: list[str] = []
     for batch in range(10):
@@ -524,12 +527,15 @@ async def test_event_log_trimming_is_approximate_but_bounded(bundle: RedisBacken
     # When the stream and the log are read
     stored = await bundle.client.xlen(bundle.keys.event_log("s1"))
     read = await bundle.events.read("s1", None, 10_000)
-    # Then the stream holds roughly the bound (whole nodes are trimmed), and readers see exactly
-    # the newest 100, also when resuming from an id that was trimmed or hidden
-    assert 100 <= stored < 300
+    # Then the stream holds exactly the bound and readers see the newest 100; resuming from the
+    # last dropped id loses nothing, while resuming from an older one is reported, not skipped
+    # (this test asserted the old silent skip before event cursors were checked)
+    assert stored == 100
     assert [e.event_id for e in read] == ids[-100:]
-    resumed = await bundle.events.read("s1", ids[0], 10_000)
+    resumed = await bundle.events.read("s1", ids[-101], 10_000)
     assert [e.event_id for e in resumed] == ids[-100:]
+    with pytest.raises(EventCursorTrimmedError):
+        await bundle.events.read("s1", ids[0], 10_000)
     assert [e.event_id for e in await bundle.events.read("s1", ids[-3], 10)] == ids[-2:]
 
 

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
+import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from .._errors import EventCursorAheadError, EventCursorTrimmedError, InvalidRequestError
 from .._events import Event
 from .._types import CommittedEntry, Priority, TranscriptEntry
 from ..wire import Envelope, Outcome, Signal, WireError, salvage_addresses
@@ -166,27 +169,81 @@ def sort_messages(messages: list[InboundMessage]) -> list[InboundMessage]:
     return sorted(messages, key=lambda m: (int(m.envelope.priority), m.envelope.enqueued_at))
 
 
-def decode_entries(session_id: str, entries: Iterable[tuple[str, bytes, float]]) -> CollectedBatch:
-    """Decode removed inbox entries `(message id, bytes, arrival time)` one by one.
+def decode_entries(
+    session_id: str, entries: Iterable[tuple[str, object, object]]
+) -> CollectedBatch:
+    """Decode removed inbox entries `(message id, stored bytes, stored arrival time)` one by one.
 
-    An unreadable entry never takes its batch with it: it is logged once (session and entry
-    id, never the payload) and returned addressable by whatever turn id and key could be read.
+    The entry is the boundary of a failure: anything wrong with one entry (bytes that are not an
+    envelope, an arrival that is missing or not a finite number, a value of the wrong type, any
+    exception at all) turns only that entry into an `UnreadableEntry`, addressable by whatever
+    turn id and key could be read; this never raises, because the entries are already out of the
+    store. Each unreadable entry is logged once (session and entry id, never the payload).
     The arrival time becomes `enqueued_at` of an envelope delivered without one.
     """
     messages: list[InboundMessage] = []
     unreadable: list[UnreadableEntry] = []
     for message_id, data, arrived in entries:
         try:
-            envelope = Envelope.decode(data)
-        except WireError as exc:
-            _log.warning("unreadable inbox entry %s of session %s: %s", message_id, session_id, exc)
-            turn_id, key = salvage_addresses(data)
-            unreadable.append(UnreadableEntry(message_id, turn_id, key, str(exc)))
-            continue
-        if envelope.enqueued_at == 0:
-            envelope = envelope.model_copy(update={"enqueued_at": arrived})
-        messages.append(InboundMessage(message_id, envelope))
+            messages.append(InboundMessage(message_id, _decode_entry(data, arrived)))
+        except Exception as exc:  # the entry is the boundary: nothing escapes the batch
+            reason = (
+                str(exc)
+                if isinstance(exc, WireError)
+                else f"undecodable entry: {type(exc).__name__}"
+            )
+            _log.warning(
+                "unreadable inbox entry %s of session %s: %s", message_id, session_id, reason
+            )
+            turn_id, key = _salvage(data)
+            unreadable.append(UnreadableEntry(message_id, turn_id, key, reason))
     return CollectedBatch(sort_messages(messages), unreadable)
+
+
+def _decode_entry(data: object, arrived: object) -> Envelope:
+    """One stored entry as an envelope stamped with its arrival time.
+
+    Raises:
+        WireError: (or anything else) the entry is not a readable message.
+    """
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise WireError(f"entry data is {type(data).__name__}, not bytes")
+    envelope = Envelope.decode(bytes(data))
+    if not math.isfinite(envelope.enqueued_at):
+        raise WireError("envelope enqueue time is not a finite number")
+    arrival = _arrival(arrived)
+    if envelope.enqueued_at == 0:
+        envelope = envelope.model_copy(update={"enqueued_at": arrival})
+    return envelope
+
+
+def _arrival(value: object) -> float:
+    """A stored arrival time (a number, or its text as bytes or str) as a finite float.
+
+    Raises:
+        WireError: the value is missing, of another type, or not a finite number.
+    """
+    if isinstance(value, bytes | bytearray):
+        value = bytes(value).decode("ascii", errors="replace")
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise WireError(f"arrival time is {type(value).__name__}, not a number")
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise WireError("arrival time is not a number") from None
+    if not math.isfinite(seconds):
+        raise WireError("arrival time is not a finite number")
+    return seconds
+
+
+def _salvage(data: object) -> tuple[str | None, str | None]:
+    """Best-effort addresses of an unreadable entry; (None, None) when even that fails."""
+    try:
+        if isinstance(data, bytes | bytearray | memoryview):
+            return salvage_addresses(bytes(data))
+    except Exception:  # salvage is best effort: an unreadable entry stays answerable by id
+        pass
+    return None, None
 
 
 class Inbox(Protocol):
@@ -367,24 +424,117 @@ class IdempotencyStore(Protocol):
 # --------------------------------------------------------------------------- event log
 
 
+#: Frames one session's event log keeps (the newest); older ones are dropped.
+DEFAULT_EVENT_LOG_MAX_LEN = 10_000
+#: Seconds a session's event log lives after its last append or delete (then it is gone whole).
+DEFAULT_EVENT_LOG_TTL = 86_400.0
+
+
 class EventLog(Protocol):
-    """Bounded per-session log of event frames, for resuming a stream after a disconnect."""
+    """Bounded per-session log of event frames, for resuming a stream after a disconnect.
+
+    A log keeps the newest `max_len` frames (exactly) and expires whole `ttl` after its last
+    append (or its delete). Ids never go back while the log exists: `delete` empties it but keeps
+    its last id until it expires. A cursor is judged against what the log dropped, so a resume
+    never silently skips frames:
+
+    - `after=None`, or the origin `'0-0'` (which no log issues as an id), reads from the oldest
+      retained frame and never raises: it asks for whatever is held, not to resume;
+    - a cursor equal to the last id, or at or after the newest dropped frame, reads on (possibly
+      an empty page: nothing new yet);
+    - a cursor older than a dropped frame (trimmed by the bound, or deleted with the session)
+      raises `EventCursorTrimmedError` naming the oldest retained id (None when empty);
+    - a cursor into a log that does not exist (never written, or expired) raises
+      `EventCursorTrimmedError` with no ids: whatever followed it is gone;
+    - a cursor later than the newest id the log ever gave raises `EventCursorAheadError`;
+    - a cursor that is not of the form '<int>-<int>' raises `InvalidRequestError`.
+    """
 
     async def append(self, session_id: str, events: Sequence[Event]) -> list[str]:
         """Append frames in order; return their ids (unique, strictly increasing per session)."""
         ...
 
     async def read(self, session_id: str, after: str | None, limit: int) -> list[Event]:
-        """Frames after the id `after` (from the start when None), with `event_id` set."""
+        """Up to `limit` frames after the id `after` (from the start when None), `event_id` set.
+
+        Raises:
+            EventCursorTrimmedError: frames after `after` were dropped, or the log is gone.
+            EventCursorAheadError: `after` is later than every id the log gave.
+            InvalidRequestError: `after` is not an event id.
+        """
         ...
 
-    async def delete(self, session_id: str) -> None: ...
+    async def delete(self, session_id: str) -> None:
+        """Drop every frame; the emptied log keeps its last id (so ids never go back and older
+        cursors are reported trimmed) until it expires."""
+        ...
 
 
 def event_id_key(event_id: str) -> tuple[int, int]:
     """Sort key of an event id of the form '<int>-<int>' (as Redis stream ids are)."""
     major, _, minor = event_id.partition("-")
     return int(major), int(minor or 0)
+
+
+_EVENT_ID = re.compile(r"([0-9]+)(?:-([0-9]+))?", re.ASCII)
+_STREAM_ID_LIMIT = 2**64
+
+
+def parse_event_cursor(cursor: str) -> tuple[int, int]:
+    """The (ms, seq) of a resume cursor '<ms>-<seq>' (or '<ms>', meaning seq 0).
+
+    Raises:
+        InvalidRequestError: the cursor is not of that form, or a part exceeds 64 bits.
+    """
+    match = _EVENT_ID.fullmatch(cursor) if isinstance(cursor, str) else None
+    if match is None:
+        raise InvalidRequestError(f"after: {cursor!r} is not an event id ('<int>-<int>')")
+    major, minor = int(match.group(1)), int(match.group(2) or 0)
+    if major >= _STREAM_ID_LIMIT or minor >= _STREAM_ID_LIMIT:
+        raise InvalidRequestError(f"after: {cursor!r} is out of the event id range")
+    return major, minor
+
+
+def resume_cursor(after: str | None) -> tuple[int, int] | None:
+    """The (ms, seq) of a resume cursor, or None to read from the oldest retained frame (for
+    `after=None` and for the origin '0-0', which no log issues).
+
+    Raises:
+        InvalidRequestError: the cursor is not an event id (see `parse_event_cursor`).
+    """
+    if after is None:
+        return None
+    cursor = parse_event_cursor(after)
+    return None if cursor == (0, 0) else cursor
+
+
+def cursor_trimmed(
+    session_id: str, cursor: str, oldest_id: str | None, last_id: str | None
+) -> EventCursorTrimmedError:
+    """The error of a cursor whose successors were dropped (no ids: the whole log is gone)."""
+    if last_id is None:
+        detail = "the log is gone (expired, or never written): nothing after it can be replayed"
+    elif oldest_id is None:
+        detail = f"events after it were dropped and none is retained; last id is {last_id}"
+    else:
+        detail = f"events after it were dropped; oldest retained id is {oldest_id}"
+    return EventCursorTrimmedError(
+        f"event cursor {cursor} of session {session_id} is trimmed: {detail}",
+        session_id=session_id,
+        cursor=cursor,
+        oldest_id=oldest_id,
+        last_id=last_id,
+    )
+
+
+def cursor_ahead(session_id: str, cursor: str, last_id: str) -> EventCursorAheadError:
+    """The error of a cursor later than every id the log gave."""
+    return EventCursorAheadError(
+        f"event cursor {cursor} of session {session_id} is ahead of the log: last id is {last_id}",
+        session_id=session_id,
+        cursor=cursor,
+        last_id=last_id,
+    )
 
 
 # --------------------------------------------------------------------------- bundle

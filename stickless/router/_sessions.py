@@ -77,21 +77,25 @@ class LocalSessions(RouterPart):
         )
         if isinstance(won, HeldElsewhere):
             return won
+        # Renewed from the moment it is won: however long provisioning waits (a busy pool), the
+        # lease does not run out under a claim that is still going on.
+        self._renewer.track(won)
         bound: str | None = None
         if agent_ref is not None:
             try:
                 bound = await io(self._backends.records.provision(session_id, agent_ref, won.token))
             except BaseException:
+                self._renewer.untrack(session_id)
                 await quiet(self._backends.leases.release(won))
                 raise
             if bound != agent_ref:
+                self._renewer.untrack(session_id)
                 await quiet(self._backends.leases.release(won))
                 raise ConflictingAgentError(
                     f"session {session_id} is bound to agent {bound!r}, not {agent_ref!r}"
                 )
         actor = self._new_actor(session_id, won, bound)
         self._actors[session_id] = actor
-        self._renewer.track(won)
         self._metrics.emit("on_cache_miss", session_id)
         self._on_claimed()
         return actor

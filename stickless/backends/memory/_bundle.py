@@ -6,7 +6,16 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from ..base import EventLog, IdempotencyStore, Inbox, LeaseStore, RecordStore, SignalBus
+from ..base import (
+    DEFAULT_EVENT_LOG_MAX_LEN,
+    DEFAULT_EVENT_LOG_TTL,
+    EventLog,
+    IdempotencyStore,
+    Inbox,
+    LeaseStore,
+    RecordStore,
+    SignalBus,
+)
 from ._shared import Link, State
 from ._signals import MemorySignalBus
 from ._stores import (
@@ -30,9 +39,24 @@ class MemoryBackends:
     idempotency: IdempotencyStore
     events: EventLog
 
-    def __init__(self, clock: Callable[[], float] = time.time, max_len: int = 10_000) -> None:
-        """A fresh data set timed by `clock`, keeping at most `max_len` events per session."""
-        self._attach(Link(State(clock, max_len)))
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.time,
+        max_len: int = DEFAULT_EVENT_LOG_MAX_LEN,
+        event_log_ttl: float = DEFAULT_EVENT_LOG_TTL,
+    ) -> None:
+        """A fresh data set timed by `clock`.
+
+        Each session's event log keeps its newest `max_len` frames and is dropped whole
+        `event_log_ttl` seconds (store clock) after its last append or delete, as the Redis
+        store does. Records, token counters and reservations follow their own rules (see the
+        README section "Redis memory and retention"); nothing else here expires.
+        """
+        if max_len < 1:
+            raise ValueError("max_len must be at least 1")
+        if not event_log_ttl > 0:
+            raise ValueError("event_log_ttl must be positive")
+        self._attach(Link(State(clock, max_len, event_log_ttl)))
 
     def _attach(self, link: Link) -> None:
         """Bind every role to `link`."""

@@ -72,10 +72,11 @@ class ReservationRow:
 class State:
     """Every role's data, guarded by one lock (renewal threads share it with event loops)."""
 
-    def __init__(self, clock: Callable[[], float], max_len: int) -> None:
+    def __init__(self, clock: Callable[[], float], max_len: int, event_log_ttl: float) -> None:
         self.lock = threading.Lock()
         self.clock = clock
         self.max_len = max_len
+        self.event_log_ttl = event_log_ttl
         self.lease_counters: dict[str, int] = {}
         self.leases: dict[str, LeaseRow] = {}
         self.records: dict[str, RecordRow] = {}
@@ -84,8 +85,14 @@ class State:
         self.reservations: dict[tuple[str, str], ReservationRow] = {}
         #: Per session, a bounded deque of (event id, encoded frame), oldest first.
         self.event_streams: dict[str, deque[tuple[str, bytes]]] = {}
-        #: Last event id per session as (ms, n); kept after delete so ids never go back.
+        #: Last event id per session as (ms, n); kept after delete so ids never go back, until
+        #: the whole log expires.
         self.last_event_ids: dict[str, tuple[int, int]] = {}
+        #: Newest event id per session that was dropped (trimmed by the bound or deleted).
+        self.dropped_event_ids: dict[str, tuple[int, int]] = {}
+        #: Expiry (store clock) of each session's log, oldest first: every refresh re-inserts
+        #: the session at the end, so expired logs are always at the front.
+        self.event_log_expiry: dict[str, float] = {}
         self.control_subs: dict[LinkedSubscription, None] = {}
         self.event_subs: dict[str, dict[LinkedSubscription, None]] = {}
 

@@ -7,7 +7,7 @@ if find_spec("redis") is None:
         "stickless.backends.redis needs redis-py: pip install 'stickless[redis]'", name="redis"
     )
 
-from ._bundle import RedisBackends
+from ._bundle import RedisBackends, Retention
 from ._keys import Keys
 from ._signals import RedisSignalBus, RedisSubscription
 from ._stores import (
@@ -28,4 +28,5 @@ __all__ = [
     "RedisRecordStore",
     "RedisSignalBus",
     "RedisSubscription",
+    "Retention",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -9,7 +11,16 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from ..base import EventLog, IdempotencyStore, Inbox, LeaseStore, RecordStore, SignalBus
+from ..base import (
+    DEFAULT_EVENT_LOG_MAX_LEN,
+    DEFAULT_EVENT_LOG_TTL,
+    EventLog,
+    IdempotencyStore,
+    Inbox,
+    LeaseStore,
+    RecordStore,
+    SignalBus,
+)
 from ._keys import Keys
 from ._scripts import Scripts
 from ._signals import RedisSignalBus
@@ -27,6 +38,28 @@ DEFAULT_SOCKET_TIMEOUT = 5.0
 DEFAULT_MAX_CONNECTIONS = 64
 #: Default bound (seconds) of waiting for a free pooled connection.
 DEFAULT_POOL_TIMEOUT = 30.0
+#: Default seconds a fencing-token counter outlives the expiry of the last lease it served.
+DEFAULT_TOKEN_TTL = 7 * 86_400.0
+#: Default seconds an uncollected inbox tier lives after its last delivery.
+DEFAULT_INBOX_TTL = 86_400.0
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How long the per-session keys live (see `RedisBackends.from_url`)."""
+
+    event_log_max_len: int = DEFAULT_EVENT_LOG_MAX_LEN
+    event_log_ttl: float = DEFAULT_EVENT_LOG_TTL
+    token_ttl: float = DEFAULT_TOKEN_TTL
+    inbox_ttl: float = DEFAULT_INBOX_TTL
+
+    def __post_init__(self) -> None:
+        if self.event_log_max_len < 1:
+            raise ValueError("event_log_max_len must be at least 1")
+        for name in ("event_log_ttl", "token_ttl", "inbox_ttl"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number of seconds")
 
 
 class RedisBackends:
@@ -44,14 +77,12 @@ class RedisBackends:
     events: EventLog
 
     def __init__(
-        self, url: str, namespace: str, event_log_max_len: int, client_options: dict[str, Any]
+        self, url: str, namespace: str, retention: Retention, client_options: dict[str, Any]
     ) -> None:
         """Open a client (connections are made lazily); prefer `from_url`."""
-        if event_log_max_len < 1:
-            raise ValueError("event_log_max_len must be at least 1")
         self._url = url
         self._namespace = namespace
-        self._event_log_max_len = event_log_max_len
+        self.retention = retention
         self._client_options = client_options
         self.keys = Keys(namespace)
         # A blocking pool: callers past `max_connections` wait (up to `pool_timeout`) for a
@@ -69,9 +100,9 @@ class RedisBackends:
             url, **{**pool_options, "retry": Retry(NoBackoff(), 0, supported_errors=())}
         )
         scripts = Scripts(self.client)
-        self.leases = RedisLeaseStore(self.client, scripts, self.keys)
+        self.leases = RedisLeaseStore(self.client, scripts, self.keys, retention.token_ttl)
         self.records = RedisRecordStore(self.client, scripts, self.keys)
-        self.inbox = RedisInbox(self.client, scripts, self.keys)
+        self.inbox = RedisInbox(self.client, scripts, self.keys, retention.inbox_ttl)
         self._signals = RedisSignalBus(
             self.client,
             pubsub_client,
@@ -80,7 +111,9 @@ class RedisBackends:
         )
         self.signals = self._signals
         self.idempotency = RedisIdempotencyStore(self.client, scripts, self.keys)
-        self.events = RedisEventLog(self.client, scripts, self.keys, event_log_max_len)
+        self.events = RedisEventLog(
+            self.client, scripts, self.keys, retention.event_log_max_len, retention.event_log_ttl
+        )
 
     @classmethod
     def from_url(
@@ -88,7 +121,10 @@ class RedisBackends:
         url: str,
         namespace: str = "stickless",
         *,
-        event_log_max_len: int = 10_000,
+        event_log_max_len: int = DEFAULT_EVENT_LOG_MAX_LEN,
+        event_log_ttl: float = DEFAULT_EVENT_LOG_TTL,
+        token_ttl: float = DEFAULT_TOKEN_TTL,
+        inbox_ttl: float = DEFAULT_INBOX_TTL,
         socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
         socket_connect_timeout: float | None = None,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
@@ -105,6 +141,21 @@ class RedisBackends:
         outlived a server restart, or one cut after the server ran the command): every script
         stickless sends is safe to run twice. A timeout is not retried. Pass `retry=` to change
         that; other keyword arguments go to `redis.asyncio.BlockingConnectionPool.from_url`.
+
+        Retention (every per-session key has one; see the README section "Redis memory and
+        retention" for the full key inventory; Redis >= 7.0 is required):
+
+        - `event_log_max_len` (default 10,000): frames one session's event log keeps, exactly
+          (older ones are trimmed on append and reported to a resume from before them).
+        - `event_log_ttl` (default 86,400 s = 1 day): the event log (and the empty tombstone a
+          delete leaves) expires this long after its last append or delete.
+        - `token_ttl` (default 604,800 s = 7 days): the fencing-token counter expires this long
+          after the lease it last issued or renewed would expire. A counter that expired (or was
+          lost) restarts from the server clock in microseconds, above every token issued before,
+          so fencing holds either way; the TTL adds a margin against the clock stepping back.
+        - `inbox_ttl` (default 86,400 s = 1 day): a session's inbox tier that nobody collects
+          expires this long after its last delivery (a safety net; keep it far above
+          `forward_ttl`, after which every waiting caller was already answered).
         """
         if max_connections < 1 or pool_timeout <= 0:
             raise ValueError("max_connections must be >= 1 and pool_timeout > 0")
@@ -118,7 +169,8 @@ class RedisBackends:
             "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
             **client_options,
         }
-        return cls(url, namespace, event_log_max_len, options)
+        retention = Retention(event_log_max_len, event_log_ttl, token_ttl, inbox_ttl)
+        return cls(url, namespace, retention, options)
 
     @property
     def namespace(self) -> str:
@@ -127,9 +179,7 @@ class RedisBackends:
 
     def clone(self) -> RedisBackends:
         """A new bundle over the same server and namespace with its own connection pool."""
-        return RedisBackends(
-            self._url, self._namespace, self._event_log_max_len, dict(self._client_options)
-        )
+        return RedisBackends(self._url, self._namespace, self.retention, dict(self._client_options))
 
     async def aclose(self) -> None:
         """Stop the pub/sub reader and subscriptions, then close this bundle's connections."""

@@ -4,6 +4,9 @@ All keys of one session share the hash tag `{<ns>:s:<session_id>}`, so every mul
 touches a single slot (Redis Cluster ready). The cluster-wide indexes (stale reservations,
 pending sessions, and the per-holder indexes of leases and reservations) live outside any
 session's slot and are only written by single-key commands.
+
+How long each key lives (removed, expiring, or kept on purpose) is listed in the README section
+"Redis memory and retention" and checked by `tests/test_redis_retention.py`.
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ class Keys:
         return f"{self.tag(session_id)}:lease"
 
     def token_counter(self, session_id: str) -> str:
-        """Fencing-token counter; never deleted so tokens outlive release and record delete."""
+        """Fencing-token counter; outlives release and record delete, expiring `token_ttl`
+        after the last lease it served (a missing counter restarts above the old tokens)."""
         return f"{self.tag(session_id)}:tokens"
 
     def record(self, session_id: str) -> str:
@@ -55,7 +59,8 @@ class Keys:
         return f"{self.tag(session_id)}:transcript"
 
     def inbox(self, session_id: str) -> list[str]:
-        """One stream per priority tier, in `TIERS` order."""
+        """One stream per priority tier, in `TIERS` order; each is deleted when collected and
+        expires `inbox_ttl` after its last delivery."""
         tag = self.tag(session_id)
         return [f"{tag}:inbox:{int(priority)}" for priority in TIERS]
 
@@ -68,7 +73,8 @@ class Keys:
         return f"{self.tag(session_id)}:idem:{key}"
 
     def event_log(self, session_id: str) -> str:
-        """Stream of the session's event frames."""
+        """Stream of the session's event frames (its max-deleted-entry-id is the newest dropped
+        frame); expires `event_log_ttl` after its last append or delete."""
         return f"{self.tag(session_id)}:events"
 
     def event_channel(self, session_id: str) -> str:
@@ -77,12 +83,15 @@ class Keys:
 
     def holder_leases(self, holder: str) -> str:
         """Set of session ids whose lease `holder` may hold (a superset: members are verified
-        against the lease hash before use, dead ones dropped)."""
+        against the lease hash before use, dead ones dropped); expires twice the lease TTL after
+        the holder's last grant or renewal."""
         return f"{self.namespace}:holder:{holder}:leases"
 
     def holder_reservations(self, holder: str) -> str:
         """Set of `reservation_member`s of IN_FLIGHT reservations `holder` may hold (a superset:
-        members are verified against the reservation hash before use, dead ones dropped)."""
+        members are verified against the reservation hash before use, dead ones dropped);
+        expires twice the staleness TTL after the holder's last reservation, take-over or
+        touch."""
         return f"{self.namespace}:holder:{holder}:idem"
 
 

@@ -52,7 +52,9 @@ class Scripts:
         self.idem_discard = load("idem_discard")
         self.idem_find = load("idem_find")
         self.idem_expire = load("idem_expire")
+        self.events_append = load("events_append")
         self.events_read = load("events_read")
+        self.events_delete = load("events_delete")
 
 
 Arg = str | bytes | int | float

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -31,8 +32,10 @@ from ..base import (
     ReservationRef,
     ReservationState,
     StagedCommit,
+    cursor_ahead,
+    cursor_trimmed,
     decode_entries,
-    event_id_key,
+    resume_cursor,
 )
 from ._keys import TIERS, Keys, parse_reservation_member, reservation_member
 from ._scripts import Call, Scripts, run_batch
@@ -52,6 +55,18 @@ def _text(value: Any) -> str:
 def _num(value: float) -> str:
     """A number as a script argument Lua's tonumber reads back exactly."""
     return repr(float(value))
+
+
+def _keep_index(index: str, ttl: float) -> list[Call]:
+    """Commands keeping a per-holder index alive for twice `ttl` from now: set when it has no
+    expiry, pushed later when it has an earlier one, never pulled earlier (NX, then GT)."""
+    ms = _ms(2 * ttl)
+    return [Call(None, ["PEXPIRE", index], [ms, "NX"]), Call(None, ["PEXPIRE", index], [ms, "GT"])]
+
+
+def _ms(seconds: float) -> int:
+    """A positive TTL in whole milliseconds (rounded up, at least 1)."""
+    return max(1, math.ceil(seconds * 1000))
 
 
 class _Role:
@@ -74,46 +89,61 @@ def _lease(session_id: str, reply: Sequence[Any]) -> Lease:
 class RedisLeaseStore(_Role):
     """Lease hashes with a per-session INCR counter as the fencing token, plus a per-holder index.
 
+    The counter expires `token_ttl` after the last lease it issued or renewed would expire; a
+    missing counter restarts from the server clock (see `next_token` in the Lua prelude), so a
+    token never goes back, whether the counter expired or was lost.
+
     The holder index (`Keys.holder_leases`) lists the sessions a holder may hold, for
     `revoke_holder`. It lives outside the sessions' slots, so separate commands keep it: a grant
     adds the session after the script (one more round trip, on grants only), a release removes
     it in the same pipeline as the script (no extra trip). It is a superset kept honest by
     `revoke_holder`, which checks each member against the lease hash and drops dead ones; a
     member lost to a crash between script and index write only loses the shortcut (that lease
-    then expires by its TTL).
+    then expires by its TTL). It expires twice the lease TTL after the holder's last grant or
+    renewal: by then every lease it lists has expired, so a dead holder leaves nothing behind.
     """
+
+    def __init__(self, client: Redis, scripts: Scripts, keys: Keys, token_ttl: float) -> None:
+        super().__init__(client, scripts, keys)
+        self._token_ttl = token_ttl
 
     async def acquire(self, session_id: str, holder: str, ttl: float) -> Lease | HeldElsewhere:
         """Take a free or expired lease (new token); refresh the holder's own (same token)."""
         keys = self._keys
         reply = await self._scripts.lease_acquire(
             keys=[keys.lease(session_id), keys.token_counter(session_id)],
-            args=[holder, _num(ttl)],
+            args=[holder, _num(ttl), _num(self._token_ttl)],
         )
         lease = _lease(session_id, reply[1:])
         if not int(reply[0]):
             return HeldElsewhere(session_id, lease.holder, lease.token, lease.expires_at)
         # A refresh adds it again too, which heals a member lost to a crash. The lease is won
         # either way: a failed index write only costs the revoke shortcut, so it is not raised.
+        index = keys.holder_leases(holder)
         try:
-            await self._client.sadd(keys.holder_leases(holder), session_id)
+            await run_batch(
+                self._client, [Call(None, ["SADD", index, session_id]), *_keep_index(index, ttl)]
+            )
         except RedisError as exc:
             logger.warning("holder index of %s missed session %s: %s", holder, session_id, exc)
         return lease
 
     async def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
-        """Extend each lease still held under its token, in one round trip; None for lost ones."""
-        replies = await run_batch(
-            self._client,
-            [
-                Call(
-                    self._scripts.lease_renew,
-                    [self._keys.lease(lease.session_id)],
-                    [lease.holder, str(lease.token), _num(ttl)],
-                )
-                for lease in leases
-            ],
-        )
+        """Extend each lease still held under its token, in one round trip; None for lost ones.
+
+        The same trip pushes the expiry of each holder's index (see the class docstring)."""
+        keys = self._keys
+        calls = [
+            Call(
+                self._scripts.lease_renew,
+                [keys.lease(lease.session_id), keys.token_counter(lease.session_id)],
+                [lease.holder, str(lease.token), _num(ttl), _num(self._token_ttl)],
+            )
+            for lease in leases
+        ]
+        for holder in dict.fromkeys(lease.holder for lease in leases):
+            calls.extend(_keep_index(keys.holder_leases(holder), ttl))
+        replies = (await run_batch(self._client, calls))[: len(leases)]
         return [
             None
             if reply is None
@@ -138,14 +168,22 @@ class RedisLeaseStore(_Role):
                 Call(None, ["SREM", index, lease.session_id]),
             ],
         )
-        if int(reply) == 2:
+        if int(reply[0]) == 2:
+            # The SREM may have emptied (so deleted) the index: put the member back with an
+            # expiry covering the lease that is still held.
             try:
-                await self._client.sadd(index, lease.session_id)
+                await run_batch(
+                    self._client,
+                    [
+                        Call(None, ["SADD", index, lease.session_id]),
+                        *_keep_index(index, int(reply[1]) / 1000),
+                    ],
+                )
             except RedisError as exc:
                 logger.warning(
                     "holder index of %s missed session %s: %s", lease.holder, lease.session_id, exc
                 )
-        return int(reply) == 1
+        return int(reply[0]) == 1
 
     async def current(self, session_id: str) -> Lease | None:
         """The unexpired lease, if any."""
@@ -233,11 +271,12 @@ _DELIVERY_MEMORY = 3600
 
 def _decode_entries(session_id: str, flat: Sequence[Any]) -> CollectedBatch:
     """Decode removed entries one by one (see `base.decode_entries`); `flat` repeats (tier,
-    stream id, encoded envelope, arrival time)."""
+    stream id, encoded envelope or None, arrival time as stored or None). The stored fields
+    are handed over raw: parsing them is part of the per-entry decode, never of the batch."""
     return decode_entries(
         session_id,
         (
-            (f"{int(flat[i])}:{_text(flat[i + 1])}", flat[i + 2], float(flat[i + 3]))
+            (f"{int(flat[i])}:{_text(flat[i + 1])}", flat[i + 2], flat[i + 3])
             for i in range(0, len(flat), 4)
         ),
     )
@@ -246,11 +285,18 @@ def _decode_entries(session_id: str, flat: Sequence[Any]) -> CollectedBatch:
 class RedisInbox(_Role):
     """One stream per priority tier per session, plus the cluster-wide pending-sessions index.
 
+    A tier is deleted whole when collected; one nobody collects expires `ttl` after its last
+    delivery (a safety net: past `forward_ttl` every caller waiting on it was answered).
+
     The index holds, per session with queued messages, a lower bound of its oldest arrival time.
     It is written after the session's scripts by separate commands (a session and the index live
     in different slots) and healed by `pending_sessions`, which checks every candidate against
     the session's own streams.
     """
+
+    def __init__(self, client: Redis, scripts: Scripts, keys: Keys, ttl: float) -> None:
+        super().__init__(client, scripts, keys)
+        self._ttl = ttl
 
     async def deliver(self, envelope: Envelope) -> str:
         """Append the envelope to its tier; collect stamps `enqueued_at` when it is 0."""
@@ -266,7 +312,7 @@ class RedisInbox(_Role):
         delivery_id = uuid.uuid4().hex
         stream_id, arrived, was_empty = await self._scripts.inbox_deliver(
             keys=[*self._keys.inbox(session_id), self._keys.deliveries(session_id)],
-            args=[TIERS.index(priority), data, delivery_id, _DELIVERY_MEMORY],
+            args=[TIERS.index(priority), data, delivery_id, _DELIVERY_MEMORY, _ms(self._ttl)],
         )
         # First message: the exact arrival time. Otherwise only fill a missing entry (a crash
         # between script and index write); a present one already scores an older arrival.
@@ -378,7 +424,9 @@ class RedisIdempotencyStore(_Role):
     command each operation already sends after its script, so no round trip is added: creation
     and `acquire_holder` add, `release_holder`, `mark_done`, `compare_and_reset` and
     `discard_reservation` remove. It is a superset kept honest by `expire_holder`, which checks
-    each member against its hash and drops dead ones.
+    each member against its hash and drops dead ones. It expires twice the staleness TTL after
+    the holder's last reservation, take-over or touch (same pipelines): by then every instance
+    it lists is stale anyway, so a dead holder's index goes away by itself.
     """
 
     async def put_if_absent(
@@ -398,7 +446,8 @@ class RedisIdempotencyStore(_Role):
         and drops it when the script did not create this instance).
         """
         member = reservation_member(session_id, key, turn_id)
-        (created, detail), _, _ = await run_batch(
+        index = self._keys.holder_reservations(holder)
+        (created, detail), *_ = await run_batch(
             self._client,
             [
                 Call(
@@ -407,7 +456,8 @@ class RedisIdempotencyStore(_Role):
                     [turn_id, input_hash, holder, _num(secondary_ttl), _num(primary_ttl)],
                 ),
                 Call(None, ["ZADD", self._keys.stale_index, "LT", "0", member]),
-                Call(None, ["SADD", self._keys.holder_reservations(holder), member]),
+                Call(None, ["SADD", index, member]),
+                *_keep_index(index, secondary_ttl),
             ],
         )
         if not int(created):
@@ -417,17 +467,17 @@ class RedisIdempotencyStore(_Role):
     async def touch_many(self, refs: Sequence[ReservationRef], secondary_ttl: float) -> None:
         """Push the staleness deadline of each reservation still held by its ref (one trip; a
         second only for deadlines a shorter TTL moved earlier, which the index must follow)."""
-        replies = await run_batch(
-            self._client,
-            [
-                Call(
-                    self._scripts.idem_touch,
-                    [self._keys.reservation(ref.session_id, ref.key)],
-                    [ref.holder, _num(secondary_ttl)],
-                )
-                for ref in refs
-            ],
-        )
+        calls = [
+            Call(
+                self._scripts.idem_touch,
+                [self._keys.reservation(ref.session_id, ref.key)],
+                [ref.holder, _num(secondary_ttl)],
+            )
+            for ref in refs
+        ]
+        for holder in dict.fromkeys(ref.holder for ref in refs):
+            calls.extend(_keep_index(self._keys.holder_reservations(holder), secondary_ttl))
+        replies = (await run_batch(self._client, calls))[: len(refs)]
         lowered = {
             reservation_member(ref.session_id, ref.key, _text(reply[1])): float(reply[2])
             for ref, reply in zip(refs, replies, strict=True)
@@ -446,7 +496,8 @@ class RedisIdempotencyStore(_Role):
         holder-index add (dropped by `expire_holder` when the take-over was refused).
         """
         member = reservation_member(session_id, key, turn_id)
-        reply, _, _ = await run_batch(
+        index = self._keys.holder_reservations(holder)
+        reply, *_ = await run_batch(
             self._client,
             [
                 Call(
@@ -455,7 +506,8 @@ class RedisIdempotencyStore(_Role):
                     [holder, _num(secondary_ttl), turn_id],
                 ),
                 Call(None, ["ZADD", self._keys.stale_index, "LT", "0", member]),
-                Call(None, ["SADD", self._keys.holder_reservations(holder), member]),
+                Call(None, ["SADD", index, member]),
+                *_keep_index(index, secondary_ttl),
             ],
         )
         return HolderTakeover.WON if int(reply[0]) else HolderTakeover.REJECTED
@@ -681,42 +733,58 @@ class RedisIdempotencyStore(_Role):
 
 
 class RedisEventLog(_Role):
-    """One stream per session, trimmed with approximate MAXLEN; ids are the stream ids."""
+    """One stream per session, trimmed exactly to `max_len` by the append script, the newest
+    dropped id kept as the stream's max-deleted-entry-id; the stream expires `ttl` seconds after
+    its last append or delete. Ids are the stream ids (see `EventLog` for cursor rules)."""
 
-    def __init__(self, client: Redis, scripts: Scripts, keys: Keys, max_len: int) -> None:
+    def __init__(
+        self, client: Redis, scripts: Scripts, keys: Keys, max_len: int, ttl: float
+    ) -> None:
         super().__init__(client, scripts, keys)
         self._max_len = max_len
+        self._ttl_ms = _ms(ttl)
 
     async def append(self, session_id: str, events: Sequence[Event]) -> list[str]:
-        """Append frames in order, in one round trip, and return their ids."""
+        """Append frames in order, in one script (trim and expiry included); their ids."""
         if not events:
             return []
-        stream = self._keys.event_log(session_id)
-        pipe = self._client.pipeline(transaction=False)
-        for event in events:
-            pipe.xadd(stream, {"f": encode_event(event)}, maxlen=self._max_len, approximate=True)
-        return [_text(event_id) for event_id in await pipe.execute()]
+        ids = await self._scripts.events_append(
+            keys=[self._keys.event_log(session_id)],
+            args=[self._max_len, self._ttl_ms, *(encode_event(event) for event in events)],
+        )
+        return [_text(event_id) for event_id in ids]
 
     async def read(self, session_id: str, after: str | None, limit: int) -> list[Event]:
-        """Up to `limit` frames with ids strictly after `after` (all when None), ids set."""
+        """Up to `limit` frames with ids strictly after `after` (all when None), ids set.
+
+        Raises:
+            EventCursorTrimmedError, EventCursorAheadError, InvalidRequestError: see `EventLog`.
+        """
+        floor = resume_cursor(after)
+        cursor = "" if floor is None else f"{floor[0]}-{floor[1]}"
         if limit <= 0:
             return []
-        if after is None:
-            start = "-"
-        else:
-            major, minor = event_id_key(after)
-            start = f"({major}-{minor}"
-        entries = await self._scripts.events_read(
-            keys=[self._keys.event_log(session_id)], args=[self._max_len, start, limit]
+        reply = await self._scripts.events_read(
+            keys=[self._keys.event_log(session_id)], args=[self._max_len, cursor, limit]
         )
+        code = int(reply[0])
+        if code == 1:
+            raise cursor_trimmed(session_id, cursor, _text(reply[1]) or None, _text(reply[2]))
+        if code == 2:
+            raise cursor_ahead(session_id, cursor, _text(reply[1]))
+        if code == 3:
+            raise cursor_trimmed(session_id, cursor, None, None)
         return [
             decode_event(dict(_pairs(fields))[b"f"], _text(event_id))
-            for event_id, fields in entries
+            for event_id, fields in reply[1]
         ]
 
     async def delete(self, session_id: str) -> None:
-        """Empty the session's stream; the emptied stream keeps its last id so ids never go back."""
-        await self._client.xtrim(self._keys.event_log(session_id), maxlen=0, approximate=False)
+        """Empty the session's stream, kept (with its last id, expiring `ttl` from now) so ids
+        never go back and older cursors read as trimmed."""
+        await self._scripts.events_delete(
+            keys=[self._keys.event_log(session_id)], args=[self._ttl_ms]
+        )
 
 
 def _pairs(flat: Sequence[Any]) -> list[tuple[Any, Any]]:

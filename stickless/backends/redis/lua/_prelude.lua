@@ -13,6 +13,26 @@ local function expire_at(key, seconds)
   redis.call('PEXPIREAT', key, string.format('%.0f', math.ceil(seconds * 1000)))
 end
 
+-- The next fencing token of a counter, as an integer string. A missing counter (never used,
+-- expired, or lost with a restarted server) starts from the server clock in microseconds, above
+-- every token an earlier counter of the session could have issued (one acquire takes far more
+-- than a microsecond), so tokens never go back and a stale holder stays fenced out. Tokens stay
+-- below 2^53, exact in Lua, until the year 2255.
+local function next_token(key)
+  if redis.call('EXISTS', key) == 0 then
+    local t = redis.call('TIME')
+    redis.call('SET', key, string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2])))
+  end
+  return string.format('%.0f', redis.call('INCR', key))
+end
+
+-- Expire a token counter `token_ttl` after a lease expiring at `lease_exp` (no-op when nil).
+local function keep_counter(key, lease_exp, token_ttl)
+  if token_ttl then
+    expire_at(key, lease_exp + token_ttl)
+  end
+end
+
 -- The live lease {holder, token, exp} of a lease hash, or nil when missing or expired.
 local function live_lease(key, t)
   local cur = redis.call('HMGET', key, 'holder', 'token', 'exp')
@@ -45,4 +65,35 @@ local function reservation_reply(r, t)
   end
   return {r.turn, r.hash, has_holder, r.holder or '', r.state, r.touched, stale, r.outcome or '',
     r.stale}
+end
+
+-- XINFO STREAM of a stream as a table of its fields ('last-generated-id', ...).
+local function stream_info(key)
+  local info = redis.call('XINFO', 'STREAM', key)
+  local fields = {}
+  for i = 1, #info, 2 do
+    fields[info[i]] = info[i + 1]
+  end
+  return fields
+end
+
+-- Compare two stream ids '<ms>-<seq>' written without leading zeros: -1, 0 or 1. Exact for any
+-- 64-bit parts (compared as digit strings, never as Lua numbers).
+local function compare_ids(a, b)
+  local ams, aseq = string.match(a, '^(%d+)-(%d+)$')
+  local bms, bseq = string.match(b, '^(%d+)-(%d+)$')
+  local function digits(x, y)
+    if #x ~= #y then
+      return #x < #y and -1 or 1
+    end
+    if x == y then
+      return 0
+    end
+    return x < y and -1 or 1
+  end
+  local c = digits(ams, bms)
+  if c ~= 0 then
+    return c
+  end
+  return digits(aseq, bseq)
 end

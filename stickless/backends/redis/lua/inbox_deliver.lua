@@ -1,5 +1,6 @@
 -- KEYS: the session's tier streams (NOW, NEXT, LATER), its deliveries hash.
--- ARGV: tier index, encoded envelope, delivery id, seconds the delivery id is remembered.
+-- ARGV: tier index, encoded envelope, delivery id, seconds the delivery id is remembered,
+-- tier ttl (ms): the tier expires that long after its last delivery unless collected first.
 -- Appends the envelope unless this delivery id was appended before (the same call run again
 -- after a lost reply): then it answers what the first run answered and appends nothing.
 -- Reply: {stream id, arrival time, 1 when the inbox was empty before}.
@@ -13,7 +14,9 @@ local was_empty = 0
 if redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3]) == 0 then
   was_empty = 1
 end
-local id = redis.call('XADD', KEYS[tonumber(ARGV[1]) + 1], '*', 'e', ARGV[2], 't', t)
+local tier = KEYS[tonumber(ARGV[1]) + 1]
+local id = redis.call('XADD', tier, '*', 'e', ARGV[2], 't', t)
+redis.call('PEXPIRE', tier, ARGV[5])
 redis.call('HSET', KEYS[4], ARGV[3], id .. ' ' .. t)
 redis.call('EXPIRE', KEYS[4], ARGV[4])
 return {id, t, was_empty}
