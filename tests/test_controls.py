@@ -29,7 +29,7 @@ async def collect(stream: object, until_type: str) -> list[Event]:
     return seen
 
 
-# ---------------------------------------------------------------- interrupt (§8)
+# ---------------------------------------------------------------- interrupt
 
 
 async def test_session_interrupt_from_a_non_holder_stops_the_turn(
@@ -254,7 +254,7 @@ async def test_delete_gives_up_when_the_holder_does_not_hand_over(
         assert await cluster.backends.records.load("s1") is not None
 
 
-# ---------------------------------------------------------------- status (§5.4)
+# ---------------------------------------------------------------- status
 
 
 async def test_status_from_another_node_shows_the_running_turn(

@@ -146,7 +146,7 @@ async def test_paused_holders_late_commit_is_fenced_out(journal: Journal) -> Non
         assert turns[0] == turns[1] and turns[2] == turns[3] and turns[1] != turns[2]
 
 
-# ---------------------------------------------------------------- holder loss (§6.3D)
+# ---------------------------------------------------------------- holder loss
 
 
 async def test_holder_death_answers_running_and_collected_callers_with_holder_lost(
@@ -238,7 +238,7 @@ async def test_message_survives_death_of_both_holder_and_submitter(journal: Jour
         assert disp.kind is SubmitKind.FORWARDED
 
 
-# ---------------------------------------------------------------- poison entries (seed 001)
+# ---------------------------------------------------------------- poison entries
 
 
 async def test_unreadable_entry_fails_its_caller_and_spares_its_batch(
@@ -279,7 +279,7 @@ async def test_unreadable_entry_fails_its_caller_and_spares_its_batch(
     assert await cluster.backends.inbox.is_empty("s1")
 
 
-# ---------------------------------------------------------------- graceful shutdown (§6.3C)
+# ---------------------------------------------------------------- graceful shutdown
 
 
 async def test_graceful_shutdown_hands_sessions_over_at_once(journal: Journal) -> None:

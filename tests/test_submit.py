@@ -230,7 +230,7 @@ async def test_forward_resolves_from_the_store_when_turn_result_is_missed(
         signals.publish = drop_turn_results  # type: ignore[method-assign]
         # When B forwards a turn to A
         disp = await b.submit(req("s1", "polled"))
-        # Then B still gets the result, from the idempotency store poll (F7)
+        # Then B still gets the result, from its poll of the idempotency store
         result = await asyncio.wait_for(disp.result, 10)
     assert disp.kind is SubmitKind.FORWARDED
     assert result.text == "echo:polled"
