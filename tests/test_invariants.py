@@ -43,6 +43,8 @@ from stickless import (
 from stickless.backends.base import ReservationState
 from stickless.testing import LocalCluster
 
+from .storm.known_bugs import ATTACHED_EVICT_BUG, KILLED_NODE_ANSWERS_BUG
+
 SETTINGS: dict[str, Any] = dict(
     lease_ttl=1.0,
     lease_extend_interval=0.25,
@@ -68,22 +70,6 @@ GROW_WAVE = 3
 LONG_TURN = 0.4
 #: Names of reservations in the idempotency store (client keys / per-turn internal keys).
 CLIENT_KEY, TURN_KEY = "c:", "t:"
-#: Switch for a stickless bug this test found (fixed in bd38119; focused repro at the end of
-#: this file). It was: between `LocalCluster.kill` severing a node's link and `SessionRouter.kill`
-#: failing its waiters, the node's actors kept running, so a turn finishing in that window
-#: answered the node's own callers -- with a TurnResult although `mark_done` failed and every
-#: other caller of that turn was told HOLDER_LOST, or with FAILED("commit failed") -- instead of
-#: RouterClosedError. Set True only to diagnose a regression: such answers are then listed as
-#: known_bug_hits instead of failing the run, and the checker does not trust results handed out
-#: by a node being killed.
-KILLED_NODE_ANSWERS_BUG = False
-#: Switch for a stickless bug this test found (fixed in bd38119; focused repro at the end of
-#: this file). It was: a caller that attaches to an in-flight turn (same key, same input) waited
-#: under fencing token 0, so any EVICT of the session, even a late one from an older lease,
-#: failed it with EVICTED while the turn ran on and committed. Set True only to diagnose a
-#: regression: exactly that symptom (an attached caller told EVICTED about a turn that was not
-#: evicted) is then listed as known_bug_hits instead of failing.
-ATTACHED_EVICT_BUG = False
 #: Failure codes a caller of this run may legitimately receive. FORWARD_TIMEOUT is not one of
 #: them: every loss here is detected within lease TTL + secondary TTL, far below forward_ttl, so
 #: a forward timing out means a message vanished. UNREADABLE and CONFLICTING_AGENT cannot occur.

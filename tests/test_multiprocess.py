@@ -39,38 +39,34 @@ import random
 import re
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from stickless import (
     BackendUnavailableError,
-    DeploymentMode,
     FailureCode,
     IdempotencyConflictError,
     Priority,
     RouterClosedError,
-    RouterConfig,
-    SessionRouter,
-    SubmitKind,
-    SubmitRequest,
     TurnFailedError,
     TurnResult,
 )
 from stickless.backends.base import ReservationState
-from stickless.backends.redis import RedisBackends
-from stickless.backends.redis import _stores as stores
-from stickless.testing import LocalCluster
-from stickless.wire import Outcome
 
-from .agents import Journal, ScriptedOpener
 from .mp_agent import spec_of
 from .mp_cluster import LogEntry, MpCluster, NodeProcess, poll
 from .redis_fixture import RedisServer, redis_executable
+from .storm.known_bugs import (
+    GHOST_RESERVATION_BUG,
+    LATE_DELIVERY_EVICT_BUG,
+    LOST_COLLECT_BUG,
+    REFUSED_BUT_QUEUED_BUG,
+    STALE_SUCCESS_BUG,
+)
 
 #: Beyond forward_ttl, how long a caller may wait before its answer counts as "hung".
 SLACK = 10.0
@@ -413,45 +409,7 @@ FAILED_MESSAGES = (
     "not run: its reservation was superseded",
     "the request was refused before it was queued",
 )
-#: Stickless bugs this file found (focused repros at its end). While a flag is True, exactly its
-#: symptom in the storm is listed as a known-bug hit instead of failing the run; the fixed ones
-#: stay as regression tests with their flag False:
-#: - LOST_COLLECT_BUG (open, narrowed): a failing pending-index cleanup no longer loses a
-#:   collected batch, but when the take's own reply is lost (the server went down right after
-#:   running it) the batch is still gone: the forwarded turn never runs and its caller is
-#:   answered by its forward deadline (FORWARD_TIMEOUT) or the holderless reservation's stale
-#:   sweep, both within forward_ttl. Closing it needs a two-phase (claim, then acknowledge)
-#:   collect.
-#: - GHOST_RESERVATION_BUG (fixed): a submit refused with BackendUnavailableError ("nothing
-#:   reserved") whose reservation could not be discarded leaves the key reserved (holderless,
-#:   IN_FLIGHT) for forward_ttl; the client's retry with the same key attaches to a turn that was
-#:   never queued and is answered FORWARD_TIMEOUT or HOLDER_LOST after forward_ttl. When it is
-#:   the stale-index write after `put_if_absent` that failed, the reservation (held by the
-#:   submitter) is missing from the index: the holder-loss sweep never resets it, so whoever
-#:   attached to it before it turned stale gets FORWARD_TIMEOUT, and it stays IN_FLIGHT up to the
-#:   primary TTL.
-#: - REFUSED_BUT_QUEUED_BUG (fixed): a submit refused with BackendUnavailableError after its
-#:   inbox entry was written (only the pending-index write failed) leaves the message queued,
-#:   unindexed and unannounced: it runs whenever something else rings the session (or sits there
-#:   forever).
-#: - LATE_DELIVERY_EVICT_BUG (fixed): a forward whose message reaches the inbox after the
-#:   holder's release purged it (between the purge and the EVICT) is failed by that EVICT with
-#:   EVICTED, while the message survives, runs under the next lease and commits.
-#: - FENCED_QUEUE_BUG (fixed): after its lease is dropped locally (a commit refused by fencing),
-#:   the session actor keeps draining its mailbox and answers every queued message LEASE_LOST
-#:   without running it, instead of handing it back to the inbox for the new holder (§4).
-#: - STALE_SUCCESS_BUG (fixed): when a live holder's reservation touches lag past the secondary
-#:   TTL (a starved renewal thread), another node's holder-loss sweep records the turn
-#:   HOLDER_LOST; the holder's turn still commits, its `mark_done` is refused, yet
-#:   `SessionRouter.complete` answers its own callers with the TurnResult -- contradicting the
-#:   store (and the HOLDER_LOST its other callers got), and letting a retry with the key run the
-#:   turn again.
-LOST_COLLECT_BUG = True
-GHOST_RESERVATION_BUG = False
-STALE_SUCCESS_BUG = False
-FENCED_QUEUE_BUG = False
-REFUSED_BUT_QUEUED_BUG = False
-LATE_DELIVERY_EVICT_BUG = False
+#: (The stickless bugs this storm found, and their switches: tests/storm/known_bugs.py.)
 #: Failures that say the turn committed nothing.
 NOTHING_COMMITTED = {
     FailureCode.INTERRUPTED,
@@ -1250,266 +1208,3 @@ async def test_redis_restart_without_persistence_still_answers_every_submit(
         for kind, answers in observed.items():
             assert "HUNG" not in answers, f"{kind}: a caller got no answer: {answers}"
         assert all(r.text == f"echo:{sid}|fresh|" for sid, r in zip(sessions, fresh, strict=True))
-
-
-# ====================================================================== known bugs: focused repros
-#
-# In-process (one event loop) over the real redis-server, so each symptom is deterministic. Each
-# is marked xfail(strict) while its flag above is True: fixing the bug turns it into a pass.
-
-REPRO: dict[str, Any] = dict(
-    lease_ttl=1.0,
-    lease_extend_interval=0.25,
-    idempotency_secondary_ttl=0.5,
-    holder_loss_sweep_interval=0.25,
-    forward_ttl=3.0,
-    release_interrupt_timeout=1.0,
-    interrupt_grace=0.2,
-)
-
-
-@contextlib.asynccontextmanager
-async def two_redis_routers(url: str) -> AsyncIterator[tuple[Journal, list[Any], list[Any]]]:
-    """Routers A and B over one redis-server, each with its own bundle; A holds s1."""
-    journal = Journal()
-    bundles = [RedisBackends.from_url(url, namespace="repro") for _ in range(2)]
-    routers = [
-        SessionRouter.build(
-            config=RouterConfig(node_id=f"node-{n}", mode=DeploymentMode.DISTRIBUTED, **REPRO),
-            opener=ScriptedOpener(journal),
-            backends=bundle,
-        )
-        for n, bundle in zip("ab", bundles, strict=True)
-    ]
-    for router in routers:
-        await router.start()
-    try:
-        await (await routers[0].submit(repro_request("first"))).result
-        yield journal, bundles, routers
-    finally:
-        for router in routers:
-            await router.aclose(grace=0.5)
-        for bundle in bundles:
-            await bundle.aclose()
-
-
-def repro_request(text: str, **extra: Any) -> SubmitRequest:
-    return SubmitRequest(session_id="s1", agent_ref="bot", input=text, **extra)
-
-
-def connection_lost() -> redis.ConnectionError:
-    return redis.ConnectionError("Connection closed by server.")
-
-
-@pytest.mark.xfail(LOST_COLLECT_BUG, strict=True, reason="see LOST_COLLECT_BUG")
-async def test_a_collect_whose_index_write_fails_loses_nothing(redis_url: str) -> None:
-    async with two_redis_routers(redis_url) as (journal, bundles, (_, b)):
-        inbox = bundles[0].inbox  # A's, the holder's
-        real_take = inbox._take
-
-        async def take_then_fail(session_id: str, last_tier: int) -> Any:
-            batch = await real_take(session_id, last_tier)
-            if not batch:
-                return batch
-            inbox._take = real_take  # once
-            # (what `_take` meets when its index_drop command, or the take's reply, is lost)
-            raise connection_lost()
-
-        inbox._take = take_then_fail
-        # Given B forwards a turn to A, and A's collect removes it but then fails
-        forwarded = await b.submit(repro_request("second"))
-        # Then the message still runs (today: it is gone; FORWARD_TIMEOUT after forward_ttl)
-        result = await asyncio.wait_for(forwarded.result, 10)
-        assert result.text == "echo:second"
-        assert journal.texts("s1") == ["first", "second"]
-
-
-@pytest.mark.xfail(GHOST_RESERVATION_BUG, strict=True, reason="see GHOST_RESERVATION_BUG")
-@pytest.mark.parametrize("failing", ["delivery", "stale-index write"])
-async def test_a_refused_submit_leaves_its_key_free(
-    redis_url: str, failing: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    async with two_redis_routers(redis_url) as (_, bundles, (_, b)):
-        inbox, idempotency = bundles[1].inbox, bundles[1].idempotency  # B's
-
-        async def unreachable(*args: Any, **kwargs: Any) -> Any:
-            raise connection_lost()
-
-        if failing == "delivery":
-            # Given the store fails B's delivery and the clean-up after it (an outage)
-            monkeypatch.setattr(inbox, "deliver", unreachable)
-            monkeypatch.setattr(idempotency, "discard_reservation", unreachable)
-        else:
-            # Given B's reservation (script and index writes, one pipeline) is applied but its
-            # reply is lost
-            real_batch = stores.run_batch
-
-            async def batch(client: Any, calls: Any) -> Any:
-                replies = await real_batch(client, calls)
-                if any("ZADD" in call.keys and "c:k" in str(call.keys) for call in calls):
-                    monkeypatch.setattr(stores, "run_batch", real_batch)  # once
-                    raise connection_lost()
-                return replies
-
-            monkeypatch.setattr(stores, "run_batch", batch)
-        with pytest.raises(BackendUnavailableError):
-            await b.submit(repro_request("keyed", idempotency_key="k"))
-        monkeypatch.undo()
-        # When the client retries with the same key at once, the store being back
-        retry = await b.submit(repro_request("keyed", idempotency_key="k"))
-        # Then the turn runs (today: the retry attaches to the refused turn, which was never
-        # queued, and gets HOLDER_LOST or FORWARD_TIMEOUT after forward_ttl)
-        result = await asyncio.wait_for(retry.result, 10)
-        assert result.text == "echo:keyed"
-
-
-@pytest.mark.xfail(REFUSED_BUT_QUEUED_BUG, strict=True, reason="see REFUSED_BUT_QUEUED_BUG")
-async def test_a_refused_submit_never_runs(redis_url: str) -> None:
-    async with two_redis_routers(redis_url) as (journal, bundles, (_, b)):
-        inbox = bundles[1].inbox  # B's
-        real_deliver = inbox.deliver
-
-        async def deliver_then_lose_the_reply(*args: Any, **kwargs: Any) -> Any:
-            inbox.deliver = real_deliver  # once
-            await real_deliver(*args, **kwargs)
-            raise connection_lost()
-
-        # Given B's delivery is written but its reply is lost, so the submit is refused
-        inbox.deliver = deliver_then_lose_the_reply
-        with pytest.raises(BackendUnavailableError):
-            await b.submit(repro_request("refused"))
-        # When a later turn of the session comes along
-        later = await b.submit(repro_request("later"))
-        await asyncio.wait_for(later.result, 10)
-        # Then only that turn ran (today: the refused one ran first)
-        assert journal.texts("s1") == ["first", "later"]
-
-
-async def test_a_success_the_store_did_not_record_never_runs_twice(redis_url: str) -> None:
-    async with two_redis_routers(redis_url) as (journal, bundles, (a, b)):
-        idempotency = bundles[0].idempotency  # A's, the holder's
-        real_mark_done = idempotency.mark_done
-
-        async def mark_done_fails(*args: Any, **kwargs: Any) -> Any:
-            idempotency.mark_done = real_mark_done  # once
-            raise connection_lost()
-
-        # Given a keyed turn commits on A but recording its outcome fails
-        idempotency.mark_done = mark_done_fails
-        first = await (await a.submit(repro_request("pay", idempotency_key="k"))).result
-        # When the reservation has settled (the holder-loss sweep finds it unowned and stale)
-        backends = bundles[1]
-
-        async def settled() -> bool:
-            found = await backends.idempotency.find("s1", "c:k")
-            return found is not None and found.state is not ReservationState.IN_FLIGHT
-
-        await poll(settled, 10, "the reservation never settled")
-        # Then a retry with the key gets the first result (the outcome was recorded later)
-        again = await (await b.submit(repro_request("pay", idempotency_key="k"))).result
-        assert again.turn_id == first.turn_id
-        assert journal.texts("s1") == ["first", "pay"]
-
-
-@pytest.mark.xfail(LATE_DELIVERY_EVICT_BUG, strict=True, reason="see LATE_DELIVERY_EVICT_BUG")
-async def test_a_message_delivered_after_the_release_purge_is_not_failed_as_evicted() -> None:
-    journal = Journal()
-    async with LocalCluster(2, opener=ScriptedOpener(journal), **REPRO) as cluster:
-        a, b = cluster.nodes
-        await (await a.submit(repro_request("first"))).result
-        leases = a.backends.leases  # (A's own link to the shared backends)
-        real_release = leases.release
-        purged, go = asyncio.Event(), asyncio.Event()
-
-        async def slow_release(lease: Any) -> Any:
-            purged.set()
-            await go.wait()
-            return await real_release(lease)
-
-        leases.release = slow_release
-        # Given A releases s1: it has purged the inbox and is releasing the lease...
-        releasing = asyncio.ensure_future(a.release_session("s1"))
-        await asyncio.wait_for(purged.wait(), 10)
-        # ...when B forwards a turn to A, whose message lands after the purge
-        forwarded = await b.submit(repro_request("second"))
-        leases.release = real_release
-        go.set()
-        await releasing
-        # Then B's caller is told what happened to the message: if it ran, its result
-        try:
-            outcome: Any = await asyncio.wait_for(forwarded.result, 10)
-        except TurnFailedError as exc:
-            outcome = exc.code
-        # (a later turn runs after whatever was queued before it)
-        await (await a.submit(repro_request("third"))).result
-        record = await cluster.backends.records.load("s1")
-        committed = record is not None and any(e.content == "echo:second" for e in record.entries)
-        # (today: EVICTED, while the message survived the purge, ran under the next lease and
-        # committed)
-        assert committed == isinstance(outcome, TurnResult), (outcome, journal.texts("s1"))
-
-
-@pytest.mark.xfail(FENCED_QUEUE_BUG, strict=True, reason="see FENCED_QUEUE_BUG")
-async def test_work_queued_behind_a_fenced_out_turn_goes_to_the_new_holder() -> None:
-    journal = Journal()
-    # (reservations stay fresh while A's renewals pause: only the lease runs out)
-    settings = {**REPRO, "idempotency_secondary_ttl": 30.0}
-    async with LocalCluster(2, opener=ScriptedOpener(journal), **settings) as cluster:
-        a, b = cluster.nodes
-        await (await a.submit(repro_request("first"))).result
-        # Given A runs a held turn with another turn queued behind it in its mailbox
-        gate = journal.gate("held")
-        held = await a.submit(repro_request("held"))
-        await journal.entered["held"].wait()
-        queued = await a.submit(repro_request("queued"))
-        assert queued.kind is SubmitKind.EXECUTED_LOCALLY
-        # When A stops renewing, B takes the session over and commits a turn...
-        a.renewer.pause()
-
-        async def lease_moved() -> bool:
-            lease = await cluster.backends.leases.current("s1")
-            return lease is None or lease.holder != a.node_id
-
-        await poll(lease_moved, 10, "A kept its lease")
-        await (await b.submit(repro_request("takeover"))).result
-        # ...and A's held turn returns, its commit refused by fencing
-        gate.set()
-        with pytest.raises(TurnFailedError) as fenced:
-            await asyncio.wait_for(held.result, 10)
-        assert fenced.value.code is FailureCode.LEASE_LOST
-        # Then the queued turn, which never started, runs on the new holder (today: LEASE_LOST)
-        result = await asyncio.wait_for(queued.result, 10)
-        assert result.executed_by == b.node_id
-
-
-@pytest.mark.xfail(STALE_SUCCESS_BUG, strict=True, reason="see STALE_SUCCESS_BUG")
-async def test_a_success_is_not_reported_over_a_recorded_holder_loss() -> None:
-    journal = Journal()
-    async with LocalCluster(2, opener=ScriptedOpener(journal), **REPRO) as cluster:
-        a, _ = cluster.nodes
-        await (await a.submit(repro_request("first"))).result
-        # Given A runs a keyed turn, held mid-flight
-        gate = journal.gate("pay")
-        on_a = await a.submit(repro_request("pay", idempotency_key="k"))
-        await journal.entered["pay"].wait()
-        # When a holder-loss sweep has just recorded the turn lost (its store write is done, its
-        # TURN_RESULT announcement not yet heard by A: what a sweep does when A's touches lagged
-        # past the secondary TTL)
-        lost = Outcome(
-            turn_id=on_a.turn_id,
-            ok=False,
-            code=FailureCode.HOLDER_LOST.value,
-            message=f"holder {a.node_id} stopped answering",
-        )
-        assert await cluster.backends.idempotency.compare_and_reset("s1", "c:k", a.node_id, lost)
-        # ...and the turn then finishes and commits (A still holds the lease)
-        gate.set()
-        try:
-            outcome: Any = await asyncio.wait_for(on_a.result, 10)
-        except TurnFailedError as exc:
-            outcome = exc.code
-        # Then A's caller is told what the store says (today: the TurnResult, while the store
-        # says HOLDER_LOST -- so a retry with the key runs "pay" a second time)
-        found = await cluster.backends.idempotency.find("s1", "c:k")
-        assert found is not None and found.outcome is not None
-        assert isinstance(outcome, TurnResult) == found.outcome.ok, (outcome, found.outcome)
