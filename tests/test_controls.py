@@ -1,4 +1,5 @@
-"""Interrupts, cross-node events, release, delete and status through the public API."""
+"""Interrupts, cross-node events, release, delete and status through the public API (delete over
+the memory backends and over Redis)."""
 
 from __future__ import annotations
 
@@ -220,17 +221,19 @@ async def test_release_answers_queued_messages_evicted(
 
 
 async def test_delete_clears_history_and_completes_subscribers(
-    cluster: LocalCluster, journal: Journal
+    backend_cluster: LocalCluster,
 ) -> None:
-    a, b, c = cluster.nodes
-    await (await a.submit(req("s1", "secret"))).result
+    a, b, c = backend_cluster.nodes
+    await (await a.submit(req("s1", "secret", idempotency_key="k"))).result
     stream = c.events("s1")
     await stream.ready()
     # When a non-holder deletes the session (YIELD hand-off, then delete as the holder)
     await b.delete_session("s1")
-    # Then the record and event log are gone and subscribers everywhere completed
-    assert await cluster.backends.records.load("s1") is None
-    assert await cluster.backends.events.read("s1", None, 10) == []
+    # Then the record, the event log and the lease are gone and subscribers everywhere completed
+    backends = backend_cluster.backends
+    assert await backends.records.load("s1") is None
+    assert await backends.events.read("s1", None, 10) == []
+    assert await backends.leases.current("s1") is None
     assert [e async for e in stream] == []
     # And the next submit starts a brand-new session at once (any agent may bind it)
     result = await (

@@ -19,12 +19,7 @@ from redis.crc import key_slot
 from redis.exceptions import RedisError
 
 from stickless import (
-    DeploymentMode,
     Priority,
-    RouterConfig,
-    SessionRouter,
-    SubmitKind,
-    SubmitRequest,
     TextDelta,
     TranscriptEntry,
     UserInput,
@@ -34,8 +29,6 @@ from stickless.backends.redis import RedisBackends
 from stickless.backends.redis._keys import parse_reservation_member, reservation_member
 from stickless.wire import Envelope, Outcome, Signal, SignalKind
 
-from .agents import Journal, ScriptedOpener
-from .conftest import FAST
 from .redis_fixture import RedisServer, redis_executable
 
 NS = "t"
@@ -551,41 +544,6 @@ async def test_unreadable_stream_entries_are_contained(
     assert all(u.turn_id is None for u in batch.unreadable)
     assert "x" * 100 not in caplog.text
     assert await bundle.inbox.is_empty("s1")
-
-
-# --------------------------------------------------------------------------- router
-
-
-async def test_two_routers_forward_over_redis(redis_url: str) -> None:
-    # Given two DISTRIBUTED routers, each with its own bundle on one server
-    journal = Journal()
-    bundles = [RedisBackends.from_url(redis_url, namespace="cluster") for _ in range(2)]
-    routers = [
-        SessionRouter.build(
-            config=RouterConfig(node_id=f"node-{n}", mode=DeploymentMode.DISTRIBUTED, **FAST),
-            opener=ScriptedOpener(journal),
-            backends=bundle,
-        )
-        for n, bundle in enumerate(bundles)
-    ]
-    for router in routers:
-        await router.start()
-    try:
-        # When node-0 runs a turn, then node-1 receives the next one for the same session
-        first = await routers[0].submit(SubmitRequest(session_id="s1", agent_ref="bot", input="a"))
-        await first.result
-        second = await routers[1].submit(SubmitRequest(session_id="s1", agent_ref="bot", input="b"))
-        result = await asyncio.wait_for(second.result, 10)
-        # Then node-1 forwarded it and node-0 ran both turns in order
-        assert first.kind is SubmitKind.EXECUTED_LOCALLY
-        assert second.kind is SubmitKind.FORWARDED
-        assert result.executed_by == "node-0"
-        assert journal.texts("s1") == ["a", "b"]
-    finally:
-        for router in routers:
-            await router.aclose(grace=1.0)
-        for bundle in bundles:
-            await bundle.aclose()
 
 
 # --------------------------------------------------------------------------- holder indexes
