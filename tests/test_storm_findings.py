@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,11 +20,14 @@ from stickless import (
     BackendUnavailableError,
     DeploymentMode,
     FailureCode,
+    RouterClosedError,
     RouterConfig,
     SessionRouter,
     SubmitKind,
     SubmitRequest,
+    TurnContext,
     TurnFailedError,
+    TurnOutput,
     TurnResult,
 )
 from stickless.backends.base import ReservationState
@@ -34,14 +38,22 @@ from stickless.wire import Outcome
 
 from .agents import Journal, ScriptedOpener
 from .mp_cluster import poll
+from .storm.checker import CLIENT_KEY
+from .storm.journal import Journal as StormJournal
+from .storm.journal import JournalOpener
 from .storm.known_bugs import (
+    ATTACHED_EVICT_BUG,
     FENCED_QUEUE_BUG,
     GHOST_RESERVATION_BUG,
+    KILLED_NODE_ANSWERS_BUG,
     LATE_DELIVERY_EVICT_BUG,
     LOST_COLLECT_BUG,
     REFUSED_BUT_QUEUED_BUG,
     STALE_SUCCESS_BUG,
 )
+from .storm.local import SETTINGS as STORM_SETTINGS
+
+# ---------------------------------------------------------------- found by the node-process storm
 
 REPRO: dict[str, Any] = dict(
     lease_ttl=1.0,
@@ -299,3 +311,100 @@ async def test_a_success_is_not_reported_over_a_recorded_holder_loss() -> None:
         found = await cluster.backends.idempotency.find("s1", "c:k")
         assert found is not None and found.outcome is not None
         assert isinstance(outcome, TurnResult) == found.outcome.ok, (outcome, found.outcome)
+
+
+# ---------------------------------------------------------------- found by the in-process storm
+
+FORWARD_TTL: float = STORM_SETTINGS["forward_ttl"]
+
+
+class Returning:
+    """Stages nothing and returns as soon as its gate opens."""
+
+    def __init__(self, entered: asyncio.Event, gate: asyncio.Event) -> None:
+        self.entered = entered
+        self.gate = gate
+
+    async def run_turn(self, turn: TurnContext) -> TurnOutput:
+        self.entered.set()
+        await self.gate.wait()
+        return TurnOutput(text="done")
+
+    async def interrupt(self, reason: str) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+@pytest.mark.xfail(
+    KILLED_NODE_ANSWERS_BUG,
+    strict=True,
+    reason="a node being killed still answers its own callers (see KILLED_NODE_ANSWERS_BUG)",
+)
+async def test_a_killed_node_answers_its_own_callers_only_with_router_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    entered, gate = asyncio.Event(), asyncio.Event()
+    async with LocalCluster(
+        2, session_factory=lambda s, a: Returning(entered, gate), **STORM_SETTINGS
+    ) as cluster:
+        a, b = cluster.nodes
+        request = SubmitRequest(session_id="s1", agent_ref="bot", input="x", idempotency_key="k")
+        # Given a turn running on A, with a caller on A and one on B attached to it
+        on_a = await a.submit(request)
+        await entered.wait()
+        on_b = await b.submit(request)
+        assert on_b.turn_id == on_a.turn_id
+        # ...and A's renewal thread slow to stop (as when it is mid round trip to the store)
+        stop = a.renewer.stop
+
+        def slow_stop() -> None:
+            time.sleep(0.1)  # on the thread that SessionRouter.kill stops it from
+            stop()
+
+        monkeypatch.setattr(a.renewer, "stop", slow_stop)
+        # When A crashes just as its agent returns
+        gate.set()
+        await cluster.kill(a)
+        # Then B's caller learns the holder was lost, the store records it lost...
+        with pytest.raises(TurnFailedError) as lost:
+            await asyncio.wait_for(on_b.result, FORWARD_TTL)
+        assert lost.value.code is FailureCode.HOLDER_LOST
+        found = await cluster.backends.idempotency.find("s1", CLIENT_KEY + "k")
+        assert found is not None and found.outcome is not None and not found.outcome.ok
+        # ...and A's own caller gets RouterClosedError, not a result nobody recorded
+        # (before bd38119 it got TurnResult(text="done"): the kill yielded after severing the
+        # link, the turn completed, mark_done failed, and SessionRouter.complete resolved it)
+        with pytest.raises(RouterClosedError):
+            await on_a.result
+
+
+@pytest.mark.xfail(
+    ATTACHED_EVICT_BUG,
+    strict=True,
+    reason="an attached caller is failed by any EVICT (see ATTACHED_EVICT_BUG)",
+)
+async def test_a_late_evict_does_not_fail_a_caller_attached_to_the_next_lease() -> None:
+    async with LocalCluster(3, opener=JournalOpener(StormJournal()), **STORM_SETTINGS) as cluster:
+        a, _, c = cluster.nodes
+        first = SubmitRequest(session_id="s1", agent_ref="bot", input="s1|u1|")
+        await (await a.submit(first)).result
+        # Given A released s1 (its EVICT, under the first lease, is still on its way to C)...
+        await a.release_session("s1")
+        # ...and a keyed turn that A runs under a new lease, with C's caller attached to it
+        keyed = SubmitRequest(
+            session_id="s1", agent_ref="bot", input="s1|k1|", idempotency_key="k1"
+        )
+        on_a = await a.submit(keyed)
+        on_c = await c.submit(keyed)
+        assert on_c.turn_id == on_a.turn_id
+        # When the turn completes (C hears the old lease's EVICT meanwhile)
+        result = await on_a.result
+        # Then the turn was not evicted: the store holds its result...
+        found = await cluster.backends.idempotency.find("s1", CLIENT_KEY + "k1")
+        assert found is not None and found.outcome is not None and found.outcome.ok
+        # ...so C's attached caller gets that result too, not EVICTED
+        # (before bd38119 it got TurnFailedError(EVICTED): SessionRouter._attach registered its
+        # _Forward with token 0, and _apply_evict fails every forward whose token <= the EVICT's)
+        assert (await asyncio.wait_for(on_c.result, FORWARD_TTL)) == result
