@@ -72,9 +72,9 @@ class Rules:
     executor: Callable[[TurnResult], str | None] = lambda result: result.executed_by
     #: A HOLDER_LOST answer must follow a crash by at most this long (None: not checked).
     loss_bound: float | None = None
-    #: Every execution that returned normally on a node never killed is a success (true where
-    #: nothing but a crash can take a lease away).
-    returned_means_committed: bool = False
+    #: Nothing but a crash takes a lease away: every execution that returned normally on a
+    #: node never killed is a success, and only a crash excuses a key's second commit.
+    only_crashes_lose_holders: bool = False
     #: An answer that took this long counts as slow (a diagnostic count, not a bound).
     slow_after: float = float("inf")
     #: How long inboxes may take to drain, and reservations to settle, after the run.
@@ -368,7 +368,8 @@ class Checker:
                 continue
             lost_after.append(call.done - max(before))
             if lost_after[-1] > bound:
-                self.fail("2 answer", f"{call.who()}: HOLDER_LOST {lost_after[-1]:.2f}s after it")
+                message = f"{call.who()}: HOLDER_LOST {lost_after[-1]:.2f}s after the last crash"
+                self.fail("2 answer", f"{message}; {self.story(call)}")
         self.slowest_holder_lost = max(lost_after, default=0.0)
 
     def at_most_once_per_key(self) -> None:
@@ -446,7 +447,7 @@ class Checker:
             good += sum(1 for i in joins[ref] if i.host_turn_id in ok_turns)
             if good > 1:
                 self.fail("3 idempotency", f"{where} completed successfully {good} times")
-        if self.rules.returned_means_committed:
+        if self.rules.only_crashes_lose_holders:
             for ref, executions in runs.items():
                 survived = [e for e in executions if e.how == "ok" and e.node not in self.killed]
                 if len(survived) > 1:
@@ -454,15 +455,23 @@ class Checker:
         self.counts["keys_executed_more_than_once"] = sum(1 for r in runs.values() if len(r) > 1)
 
     def commits_per_key(self) -> None:
-        """Per (session, tag): one commit, but for earlier ones whose holder was lost (its
-        callers were told HOLDER_LOST, or it ran on a node that crashed, and none was told it
-        succeeded), or that ran although their submit was refused."""
+        """Per (session, tag): one commit, but for earlier ones whose holder was lost (every
+        caller of it was told HOLDER_LOST or that its own node died; where only crashes take a
+        lease away, it also ran on a node that crashed), and ones that ran although their
+        submit was refused."""
         calls = self.history.calls
         ticketed = {turn for c in calls for turn in (c.turn_id, *c.attempts) if turn}
         tag_of = {e.turn_id: (e.session_id, e.tag) for e in self.history.executions}
-        orphans = {turn for turn in tag_of if turn not in ticketed}
-        for turn_id in sorted(orphans):
+        #: (session, tag) of calls whose node died under them, so that they were resubmitted.
+        retried = {(c.session_id, c.tag) for c in calls if c.retries}
+        orphans: set[str] = set()  # ran, but no submit of theirs was accepted
+        abandoned: set[str] = set()  # ...because the submitter's node died before answering
+        for turn_id in sorted(t for t in tag_of if t not in ticketed):
             session_id, tag = tag_of[turn_id]
+            if (session_id, tag) in retried:
+                abandoned.add(turn_id)
+                continue
+            orphans.add(turn_id)
             message = f"{session_id}/{tag}: turn {turn_id} ran but its submit was refused"
             if (session_id, tag) in self.refused_tags:
                 self.known("REFUSED_BUT_QUEUED_BUG", "3 idempotency", message)
@@ -476,11 +485,16 @@ class Checker:
                     if call.result is not None
                     else (call.code.value if call.code else type(call.error).__name__)
                 )
+            for turn_id in call.attempts:
+                if turn_id != call.turn_id:
+                    # (its caller's node died under it: what a killed node's callers are told)
+                    answers[turn_id].add("RouterClosedError")
 
         def lost(turn_id: str) -> bool:
             told = answers[turn_id]
-            crashed = self.executed[turn_id].node in self.killed and "ok" not in told
-            return crashed or bool(told and told <= LOST_HOLDER)
+            holder_lost = turn_id in abandoned or bool(told and told <= LOST_HOLDER)
+            crashed = self.executed[turn_id].node in self.killed
+            return holder_lost and (crashed or not self.rules.only_crashes_lose_holders)
 
         recommitted = 0
         for (session_id, tag), turns in self.commits.items():
@@ -505,6 +519,7 @@ class Checker:
                 recommitted += len(turns) - 1
         self.counts["reruns_after_holder_loss"] = len(self.reruns)
         self.counts["recommitted_after_holder_loss"] = recommitted
+        self.counts["abandoned_runs"] = len(abandoned)
 
     async def nothing_lost(self, backends: Backends) -> None:
         rules, calls, sessions = self.rules, self.history.calls, self.history.sessions
@@ -551,7 +566,8 @@ class Checker:
             if found is None:
                 # (an internal per-turn key may outlive its primary TTL of 2 x forward_ttl)
                 if key.startswith(CLIENT_KEY):
-                    self.fail("4 loss", f"{session_id}/{key}: reservation missing")
+                    message = f"{session_id}/{key}: reservation missing; {self.story(call)}"
+                    self.fail("4 loss", message)
                 continue
             if found.state is ReservationState.IN_FLIGHT:
                 stuck = next((c for c in by_turn[found.turn_id]), call)

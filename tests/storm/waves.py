@@ -57,6 +57,9 @@ class WavePlan:
     #: Tag prefix of probe requests.
     probe_prefix: str = "u"
 
+    def session_ids(self) -> list[str]:
+        return [f"s{n:02d}" for n in range(self.sessions)]
+
 
 class WaveCluster(Protocol):
     """What a wave storm needs of a cluster (nodes are handles with a `node_id`)."""
@@ -101,7 +104,7 @@ class WaveStorm:
         self.plan = plan
         self.cluster = cluster
         self.rng = random.Random(seed)
-        self.history = History(seed, [f"s{n:02d}" for n in range(plan.sessions)])
+        self.history = History(seed, plan.session_ids())
         self.waiters: list[asyncio.Task[None]] = []
         self.background: list[asyncio.Task[None]] = []
         #: Known keys per session, with the input they were first used with.
