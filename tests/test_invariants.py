@@ -18,11 +18,10 @@ from typing import Any
 
 import pytest
 
-from stickless import FailureCode
 from stickless.testing import LocalCluster
 
-from .storm.checker import Checker, Rules
-from .storm.journal import Journal, JournalOpener
+from .storm.checker import CHAOS_CODES, Checker, Rules
+from .storm.journal import Journal, JournalOpener, echoed
 from .storm.local import SETTINGS, LocalWaves
 from .storm.waves import WavePlan, WaveStorm
 
@@ -52,25 +51,14 @@ PLAN = WavePlan(
 #: A forward whose key was reset and reused meanwhile fails with this.
 SUPERSEDED = "reservation was superseded"
 RULES = Rules(
-    # FORWARD_TIMEOUT is not allowed: every loss here is detected within lease TTL + secondary
-    # TTL, far below forward_ttl, so a forward timing out means a message vanished. UNREADABLE
-    # and CONFLICTING_AGENT cannot occur. FAILED is allowed only as SUPERSEDED says (the agent
-    # never raises; backends fail only for a node being killed).
-    allowed_codes=frozenset(
-        {
-            FailureCode.HOLDER_LOST,
-            FailureCode.INTERRUPTED,
-            FailureCode.EVICTED,
-            FailureCode.LEASE_LOST,
-            FailureCode.NOT_HOLDER,
-            FailureCode.FAILED,
-        }
-    ),
+    # (FAILED only as SUPERSEDED says: the agent never raises, and backends fail only for a
+    # node being killed)
+    allowed_codes=CHAOS_CODES,
     answer_within=PLAN.answer_within,
     failed_ok=lambda detail: SUPERSEDED in detail,
     # (a node being killed refuses whatever was still under way on it)
     killed_may_raise=(Exception,),
-    answer_text=lambda call: f"echo:{call.text}",
+    answer_text=echoed,
     # Orphan scans and re-rung doorbells may still be draining after the run.
     drain_within=3 * SETTINGS["lease_ttl"] + 5.0,
     settle_within=SETTINGS["idempotency_secondary_ttl"] + 5.0,

@@ -15,17 +15,17 @@ and the per-session fencing-token counters, which start again at 1. What callers
 - a message that waited in the inbox: it vanished with the inbox, so its forwarded caller is
   answered only by its own forward deadline: FORWARD_TIMEOUT after forward_ttl;
 - a message already collected into the holder's mailbox: LEASE_LOST without running (see
-  FENCED_QUEUE_BUG below), or, when the holder gives the session up first, re-queued and run;
+  FENCED_QUEUE_BUG in tests/storm/known_bugs.py), or, when the holder gives the session up
+  first, re-queued and run;
 - a DONE key retried after the restart runs the turn again (its reservation is gone): the
-  at-most-once guarantee of §8.3 does not survive the restart;
+  at-most-once guarantee for idempotency keys does not survive the restart;
 - transcripts start over empty, under fencing tokens counting from 1 again (so a holder paused
   across such a restart would not be fenced out by the smaller new tokens; not observed here,
   holders noticed the loss first).
 
 Every submit still got exactly one terminal answer within forward_ttl -- all that test asserts.
 With `--appendonly yes --appendfsync always` (the randomized test) no data is lost, but a restart
-still breaks writes in flight; the known bugs listed above the randomized test are what that
-showed.
+still breaks writes in flight; the known bugs in tests/storm/known_bugs.py are what that showed.
 """
 
 from __future__ import annotations
@@ -51,8 +51,10 @@ from stickless import (
 
 from .mp_cluster import LogEntry, MpCluster, NodeProcess, poll
 from .redis_fixture import RedisServer, redis_executable
-from .storm.checker import Checker, Rules
+from .storm.checker import CHAOS_CODES, Checker, Rules
+from .storm.journal import echoed
 from .storm.nodes import NodeWaves
+from .storm.records import request_text
 from .storm.waves import WavePlan, WaveStorm
 
 #: Beyond forward_ttl, how long a caller may wait before its answer counts as "hung".
@@ -64,7 +66,7 @@ def request(session_id: str, tag: str, spec: str = "", **extra: Any) -> dict[str
     return {
         "session_id": session_id,
         "agent_ref": "bot",
-        "input": f"{session_id}|{tag}|{spec}",
+        "input": request_text(session_id, tag, spec),
         **extra,
     }
 
@@ -267,7 +269,7 @@ async def test_wedged_node_loses_its_session_to_another_process(
         assert set(turns) <= {warm.turn_id, wedged["turn_id"], taken.turn_id, following.turn_id}
         assert wedged["turn_id"] not in turns, "the wedged turn committed after the takeover"
         # (the wedged turn itself did overlap the takeover -- the window of a paused holder that
-        # has not noticed its loss, DESIGN.md §8.1 -- and fencing kept it out of the transcript)
+        # has not noticed its loss yet -- and fencing kept it out of the transcript)
         log = await cluster.log_entries(sid)
         assert_no_overlap([e for e in log if e.turn_id != wedged["turn_id"]])
         await stream.aclose()
@@ -367,6 +369,9 @@ async def _ended_by_lease_loss(frames: list[Any], turn_id: str) -> bool:
 
 
 # ====================================================================== b. the randomized storm
+#
+# The shared wave storm (tests/storm/waves.py) over node processes (tests/storm/nodes.py),
+# checked by the storms' one checker (tests/storm/checker.py).
 
 #: Seed of the storm (STICKLESS_MP_SEED overrides it).
 STORM_SEED = 20250101
@@ -398,21 +403,11 @@ FAILED_MESSAGES = (
     "the request was refused before it was queued",
 )
 RULES = Rules(
-    # FORWARD_TIMEOUT is not allowed: every loss here is detected within lease TTL + secondary
-    # TTL, far below forward_ttl, so a timeout means a message vanished (or a known bug).
-    allowed_codes=frozenset(
-        {
-            FailureCode.HOLDER_LOST,
-            FailureCode.INTERRUPTED,
-            FailureCode.EVICTED,
-            FailureCode.LEASE_LOST,
-            FailureCode.NOT_HOLDER,
-            FailureCode.FAILED,
-        }
-    ),
+    # (FORWARD_TIMEOUT may still stand for one of the known bugs; the checker names them)
+    allowed_codes=CHAOS_CODES,
     answer_within=PLAN.answer_within,
     failed_ok=lambda detail: detail.startswith(FAILED_MESSAGES),
-    answer_text=lambda call: f"echo:{call.text}",
+    answer_text=echoed,
     # (answers that came only from a forward deadline or a holderless reservation's stale sweep
     # take about forward_ttl)
     slow_after=FORWARD_TTL,

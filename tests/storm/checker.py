@@ -50,6 +50,20 @@ NOTHING_COMMITTED = {
     FailureCode.LEASE_LOST,
     FailureCode.NOT_HOLDER,
 }
+#: What a caller may be told where interrupts, releases and crashes happen. FORWARD_TIMEOUT is
+#: not among them: every loss is detected within lease TTL + secondary TTL, far below
+#: forward_ttl, so a forward timing out means a message vanished. UNREADABLE and
+#: CONFLICTING_AGENT cannot occur; FAILED only with a detail the environment's rules allow.
+CHAOS_CODES = frozenset(
+    {
+        FailureCode.HOLDER_LOST,
+        FailureCode.INTERRUPTED,
+        FailureCode.EVICTED,
+        FailureCode.LEASE_LOST,
+        FailureCode.NOT_HOLDER,
+        FailureCode.FAILED,
+    }
+)
 #: Answers after which a committed turn's key may legitimately run again: its holder was lost.
 LOST_HOLDER = {FailureCode.HOLDER_LOST.value, "RouterClosedError"}
 

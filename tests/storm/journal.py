@@ -16,15 +16,20 @@ from typing import Any
 
 from stickless import LiveSession, TextDelta, TranscriptEntry, TurnContext, TurnOutput, UserInput
 
-from .records import Execution, Injection, parse
+from .records import Call, Execution, Injection, parse
 
 #: How long a "long" turn works (unless interrupted): long enough to be caught mid-turn.
 LONG_TURN = 0.4
 
 
 def staged(text: str) -> tuple[str, ...]:
-    """The transcript entries a turn of the storm's agents stages for its input."""
+    """The transcript entries a turn of the storms' echoing agents stages for its input."""
     return (text, f"echo:{text}")
+
+
+def echoed(call: Call) -> str:
+    """The text of a successful answer of the storms' echoing agents."""
+    return f"echo:{call.text}"
 
 
 class Journal:
