@@ -13,6 +13,7 @@ from stickless.testing import LocalCluster
 
 from .agents import Journal, ScriptedOpener
 from .redis_fixture import redis_server, redis_url  # noqa: F401  (fixtures, registered here)
+from .redis_stores import bundle  # noqa: F401  (a fixture, registered here)
 
 #: Short timings so failure paths resolve in well under a second or two.
 FAST = dict(

@@ -20,9 +20,10 @@ import pytest
 
 from stickless.testing import LocalCluster
 
-from .storm.checker import CHAOS_CODES, Checker, Rules
+from .storm.checker import Checker
 from .storm.journal import Journal, JournalOpener, echoed
 from .storm.local import SETTINGS, LocalWaves
+from .storm.rules import CHAOS_CODES, Rules
 from .storm.waves import WavePlan, WaveStorm
 
 #: The second seed also churns holders: idle sessions are handed back and the cache is tiny.

@@ -51,10 +51,11 @@ from stickless import (
 
 from .mp_cluster import LogEntry, MpCluster, NodeProcess, poll
 from .redis_fixture import RedisServer, redis_executable
-from .storm.checker import CHAOS_CODES, Checker, Rules
+from .storm.checker import Checker
 from .storm.journal import echoed
 from .storm.nodes import NodeWaves
 from .storm.records import request_text
+from .storm.rules import CHAOS_CODES, Rules
 from .storm.waves import WavePlan, WaveStorm
 
 #: Beyond forward_ttl, how long a caller may wait before its answer counts as "hung".

@@ -47,9 +47,10 @@ from .ray_deployment import (
     wait_armed,
 )
 from .redis_fixture import RedisServer
-from .storm.checker import Checker, Rules
+from .storm.checker import Checker
 from .storm.clients import ClientStorm
 from .storm.ray import RayClients, RouterKill
+from .storm.rules import Rules
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -38,7 +38,6 @@ from stickless.wire import Outcome
 
 from .agents import Journal, ScriptedOpener
 from .mp_cluster import poll
-from .storm.checker import CLIENT_KEY
 from .storm.journal import Journal as StormJournal
 from .storm.journal import JournalOpener
 from .storm.known_bugs import (
@@ -52,6 +51,7 @@ from .storm.known_bugs import (
     STALE_SUCCESS_BUG,
 )
 from .storm.local import SETTINGS as STORM_SETTINGS
+from .storm.rules import CLIENT_KEY
 
 # ---------------------------------------------------------------- found by the node-process storm
 
