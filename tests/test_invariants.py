@@ -40,14 +40,8 @@ PLAN = WavePlan(
     answer_within=FORWARD_TTL + SLACK,
     # The wave before which a fourth node joins (the cluster runs 3-4 nodes).
     grow_wave=3,
-    conflict_every=5,
     long_share=0.03,
-    control_counts=(0, 1, 2, 3),
-    interrupt_window=4,
-    release_share=0.6,
-    pacing=(0.02, 0.15),
-    probe_tries=3,
-    probe_prefix="u",
+    # (conflicts, interrupts, releases, pacing and probes: the plan's defaults)
 )
 #: A forward whose key was reset and reused meanwhile fails with this.
 SUPERSEDED = "reservation was superseded"
