@@ -1,8 +1,10 @@
-"""Shared fixtures: a simulated 3-node cluster running scripted agents."""
+"""Shared fixtures: a simulated 3-node cluster running scripted agents, over the memory
+backends or (for tests parametrized over `BACKENDS`) over the session's redis-server."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import functools
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -11,6 +13,7 @@ from stickless.testing import LocalCluster
 
 from .agents import Journal, ScriptedOpener
 from .redis_fixture import redis_server, redis_url  # noqa: F401  (fixtures, registered here)
+from .redis_stores import bundle  # noqa: F401  (a fixture, registered here)
 
 #: Short timings so failure paths resolve in well under a second or two.
 FAST = dict(
@@ -38,3 +41,30 @@ async def cluster(journal: Journal) -> AsyncIterator[LocalCluster]:
 
 def make_cluster(journal: Journal, nodes: int = 3, **overrides: Any) -> LocalCluster:
     return LocalCluster(nodes, opener=ScriptedOpener(journal), **{**FAST, **overrides})
+
+
+#: The backends a scenario parametrized with `cluster_over` / `backend_cluster` runs over.
+BACKENDS = ["memory", "redis"]
+
+ClusterFactory = Callable[..., LocalCluster]
+
+
+@pytest.fixture(params=BACKENDS)
+def cluster_over(request: pytest.FixtureRequest, journal: Journal) -> ClusterFactory:
+    """`make_cluster` over the selected backend: `cluster_over(nodes=3, **overrides)`."""
+    if request.param == "redis":
+        url = request.getfixturevalue("redis_url")
+
+        def over_redis(nodes: int = 3, **overrides: Any) -> LocalCluster:
+            opener = ScriptedOpener(journal)
+            return LocalCluster.over_redis(url, nodes, opener=opener, **{**FAST, **overrides})
+
+        return over_redis
+    return functools.partial(make_cluster, journal)
+
+
+@pytest.fixture
+async def backend_cluster(cluster_over: ClusterFactory) -> AsyncIterator[LocalCluster]:
+    """The `cluster` fixture over the selected backend."""
+    async with cluster_over() as running:
+        yield running

@@ -1,4 +1,4 @@
-"""All seven rows of the idempotency matrix (seed §9.2), through the public API."""
+"""All seven rows of the idempotency matrix, through the public API."""
 
 from __future__ import annotations
 
@@ -139,7 +139,7 @@ async def test_conflicting_agent_is_refused_before_anything_is_reserved(
 ) -> None:
     a, b, _ = cluster.nodes
     await (await a.submit(req("s1", "bound to bot", idempotency_key="k"))).result
-    # When another agent is asked to run the session (F1)
+    # When another agent is asked to run the session (the agent-binding check at submit)
     with pytest.raises(ConflictingAgentError, match="bound to agent 'bot'"):
         await b.submit(
             SubmitRequest(session_id="s1", agent_ref="other", input="x", idempotency_key="k2")
@@ -156,8 +156,9 @@ async def test_conflicting_agent_in_the_inbox_is_rejected_on_drain(
     await (await a.submit(req("s1", "first"))).result
     stream = c.events("s1")
     await stream.ready()
-    # Given a message for another agent that passed F1 before the binding existed (a race the
-    # pre-check cannot close) and sits in the inbox, with its caller waiting on B
+    # Given a message for another agent that passed the binding check at submit before the
+    # binding existed (a race that pre-check cannot close) and sits in the inbox, with its
+    # caller waiting on B
     backends = cluster.backends
     request = SubmitRequest(session_id="s1", agent_ref="intruder", input="hi")
     await backends.idempotency.put_if_absent(

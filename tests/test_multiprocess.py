@@ -15,62 +15,48 @@ and the per-session fencing-token counters, which start again at 1. What callers
 - a message that waited in the inbox: it vanished with the inbox, so its forwarded caller is
   answered only by its own forward deadline: FORWARD_TIMEOUT after forward_ttl;
 - a message already collected into the holder's mailbox: LEASE_LOST without running (see
-  FENCED_QUEUE_BUG below), or, when the holder gives the session up first, re-queued and run;
+  FENCED_QUEUE_BUG in tests/storm/known_bugs.py), or, when the holder gives the session up
+  first, re-queued and run;
 - a DONE key retried after the restart runs the turn again (its reservation is gone): the
-  at-most-once guarantee of §8.3 does not survive the restart;
+  at-most-once guarantee for idempotency keys does not survive the restart;
 - transcripts start over empty, under fencing tokens counting from 1 again (so a holder paused
   across such a restart would not be fenced out by the smaller new tokens; not observed here,
   holders noticed the loss first).
 
 Every submit still got exactly one terminal answer within forward_ttl -- all that test asserts.
 With `--appendonly yes --appendfsync always` (the randomized test) no data is lost, but a restart
-still breaks writes in flight; the known bugs listed above the randomized test are what that
-showed.
+still breaks writes in flight; the known bugs in tests/storm/known_bugs.py are what that showed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
 import os
-import random
-import re
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from stickless import (
-    BackendUnavailableError,
-    DeploymentMode,
     FailureCode,
-    IdempotencyConflictError,
     Priority,
-    RouterClosedError,
-    RouterConfig,
-    SessionRouter,
-    SubmitKind,
-    SubmitRequest,
     TurnFailedError,
     TurnResult,
 )
-from stickless.backends.base import ReservationState
-from stickless.backends.redis import RedisBackends
-from stickless.backends.redis import _stores as stores
-from stickless.testing import LocalCluster
-from stickless.wire import Outcome
 
-from .agents import Journal, ScriptedOpener
-from .mp_agent import spec_of
 from .mp_cluster import LogEntry, MpCluster, NodeProcess, poll
 from .redis_fixture import RedisServer, redis_executable
+from .storm.checker import Checker
+from .storm.journal import echoed
+from .storm.nodes import NodeWaves
+from .storm.records import request_text
+from .storm.rules import CHAOS_CODES, Rules
+from .storm.waves import WavePlan, WaveStorm
 
 #: Beyond forward_ttl, how long a caller may wait before its answer counts as "hung".
 SLACK = 10.0
@@ -81,7 +67,7 @@ def request(session_id: str, tag: str, spec: str = "", **extra: Any) -> dict[str
     return {
         "session_id": session_id,
         "agent_ref": "bot",
-        "input": f"{session_id}|{tag}|{spec}",
+        "input": request_text(session_id, tag, spec),
         **extra,
     }
 
@@ -284,7 +270,7 @@ async def test_wedged_node_loses_its_session_to_another_process(
         assert set(turns) <= {warm.turn_id, wedged["turn_id"], taken.turn_id, following.turn_id}
         assert wedged["turn_id"] not in turns, "the wedged turn committed after the takeover"
         # (the wedged turn itself did overlap the takeover -- the window of a paused holder that
-        # has not noticed its loss, DESIGN.md §8.1 -- and fencing kept it out of the transcript)
+        # has not noticed its loss yet -- and fencing kept it out of the transcript)
         log = await cluster.log_entries(sid)
         assert_no_overlap([e for e in log if e.turn_id != wedged["turn_id"]])
         await stream.aclose()
@@ -389,27 +375,30 @@ def _terminal_code(frame: Any) -> FailureCode | None:
 
 
 # ====================================================================== b. the randomized storm
+#
+# The shared wave storm (tests/storm/waves.py) over node processes (tests/storm/nodes.py),
+# checked by the storms' one checker (tests/storm/checker.py).
 
 #: Seed of the storm (STICKLESS_MP_SEED overrides it).
 STORM_SEED = 20250101
-STORM_SESSIONS = 12
-STORM_WAVES = 30
-#: Waves during which the node running a held (gated) turn is SIGKILLed, then replaced.
-KILL_WAVES = (5, 16, 24)
-#: The wave during which the redis-server restarts (AOF, same port and directory).
-RESTART_WAVE = 10
 FORWARD_TTL: float = 12.0
-#: Codes a caller of the storm may get. FORWARD_TIMEOUT is not one: every loss here is detected
-#: within lease TTL + secondary TTL, far below forward_ttl, so a timeout means a message vanished.
-ALLOWED_CODES = {
-    FailureCode.HOLDER_LOST,
-    FailureCode.INTERRUPTED,
-    FailureCode.SHUTDOWN,
-    FailureCode.EVICTED,
-    FailureCode.LEASE_LOST,
-    FailureCode.NOT_HOLDER,
-    FailureCode.FAILED,
-}
+PLAN = WavePlan(
+    sessions=12,
+    waves=30,
+    batch=(10, 16),
+    # Waves during which the node running a held (gated) turn is SIGKILLed, then replaced.
+    kill_waves=(5, 16, 24),
+    answer_within=FORWARD_TTL + SLACK,
+    # The wave during which the redis-server restarts (AOF, same port and directory).
+    restart_wave=10,
+    conflict_every=4,
+    control_counts=(0, 0, 1, 2),
+    interrupt_window=3,
+    release_share=0.3,
+    pacing=(0.02, 0.1),
+    probe_tries=5,
+    probe_prefix="p",
+)
 #: FAILED is allowed only with these messages: a superseded reservation, or a store call that
 #: failed during the Redis restart.
 FAILED_MESSAGES = (
@@ -419,724 +408,36 @@ FAILED_MESSAGES = (
     "not run: its reservation was superseded",
     "the request was refused before it was queued",
 )
-#: Stickless bugs this file found (focused repros at its end). While a flag is True, exactly its
-#: symptom in the storm is listed as a known-bug hit instead of failing the run; the fixed ones
-#: stay as regression tests with their flag False:
-#: - LOST_COLLECT_BUG (open, narrowed): a failing pending-index cleanup no longer loses a
-#:   collected batch, but when the take's own reply is lost (the server went down right after
-#:   running it) the batch is still gone: the forwarded turn never runs and its caller is
-#:   answered by its forward deadline (FORWARD_TIMEOUT) or the holderless reservation's stale
-#:   sweep, both within forward_ttl. Closing it needs a two-phase (claim, then acknowledge)
-#:   collect.
-#: - GHOST_RESERVATION_BUG (fixed): a submit refused with BackendUnavailableError ("nothing
-#:   reserved") whose reservation could not be discarded leaves the key reserved (holderless,
-#:   IN_FLIGHT) for forward_ttl; the client's retry with the same key attaches to a turn that was
-#:   never queued and is answered FORWARD_TIMEOUT or HOLDER_LOST after forward_ttl. When it is
-#:   the stale-index write after `put_if_absent` that failed, the reservation (held by the
-#:   submitter) is missing from the index: the holder-loss sweep never resets it, so whoever
-#:   attached to it before it turned stale gets FORWARD_TIMEOUT, and it stays IN_FLIGHT up to the
-#:   primary TTL.
-#: - REFUSED_BUT_QUEUED_BUG (fixed): a submit refused with BackendUnavailableError after its
-#:   inbox entry was written (only the pending-index write failed) leaves the message queued,
-#:   unindexed and unannounced: it runs whenever something else rings the session (or sits there
-#:   forever).
-#: - LATE_DELIVERY_EVICT_BUG (fixed): a forward whose message reaches the inbox after the
-#:   holder's release purged it (between the purge and the EVICT) is failed by that EVICT with
-#:   EVICTED, while the message survives, runs under the next lease and commits.
-#: - FENCED_QUEUE_BUG (fixed): after its lease is dropped locally (a commit refused by fencing),
-#:   the session actor keeps draining its mailbox and answers every queued message LEASE_LOST
-#:   without running it, instead of handing it back to the inbox for the new holder (§4).
-#: - STALE_SUCCESS_BUG (fixed): when a live holder's reservation touches lag past the secondary
-#:   TTL (a starved renewal thread), another node's holder-loss sweep records the turn
-#:   HOLDER_LOST; the holder's turn still commits, its `mark_done` is refused, yet
-#:   `SessionRouter.complete` answers its own callers with the TurnResult -- contradicting the
-#:   store (and the HOLDER_LOST its other callers got), and letting a retry with the key run the
-#:   turn again.
-LOST_COLLECT_BUG = True
-GHOST_RESERVATION_BUG = False
-STALE_SUCCESS_BUG = False
-FENCED_QUEUE_BUG = False
-REFUSED_BUT_QUEUED_BUG = False
-LATE_DELIVERY_EVICT_BUG = False
-#: Failures that say the turn committed nothing.
-NOTHING_COMMITTED = {
-    FailureCode.INTERRUPTED,
-    FailureCode.SHUTDOWN,
-    FailureCode.EVICTED,
-    FailureCode.LEASE_LOST,
-    FailureCode.NOT_HOLDER,
-}
+RULES = Rules(
+    # (FORWARD_TIMEOUT may still stand for one of the known bugs; the checker names them)
+    allowed_codes=CHAOS_CODES,
+    answer_within=PLAN.answer_within,
+    failed_ok=lambda detail: detail.startswith(FAILED_MESSAGES),
+    answer_text=echoed,
+    # (answers that came only from a forward deadline or a holderless reservation's stale sweep
+    # take about forward_ttl)
+    slow_after=FORWARD_TTL,
+    drain_within=15.0,
+    settle_within=10.0,
+)
 
 
-@dataclass
-class MpCall:
-    """One submit through a node process and the one answer its caller got."""
-
-    index: int
-    session_id: str
-    node: NodeProcess
-    tag: str
-    text: str
-    key: str | None
-    priority: Priority
-    conflict: bool = False
-    probe: bool = False
-    sent: float = 0.0
-    done: float = 0.0
-    ticket: dict[str, Any] | None = None
-    refused: BaseException | None = None
-    result: TurnResult | None = None
-    error: BaseException | None = None
-    hung: bool = False
-
-    @property
-    def turn_id(self) -> str | None:
-        return None if self.ticket is None else str(self.ticket["turn_id"])
-
-    @property
-    def code(self) -> FailureCode | None:
-        return self.error.code if isinstance(self.error, TurnFailedError) else None
-
-    def who(self) -> str:
-        return f"call #{self.index} {self.text!r} via {self.node.node_id}"
-
-
-@dataclass
-class MpControl:
-    what: str
-    node: NodeProcess
-    session_id: str
-    sent: float = 0.0
-    done: float = 0.0
-    error: BaseException | None = None
-
-
-@dataclass
-class MpStorm:
-    """A seeded workload over node processes, and everything it observed."""
-
-    seed: int
-    cluster: MpCluster
-    server: RedisServer
-    rng: random.Random = field(init=False)
-    calls: list[MpCall] = field(default_factory=list)
-    controls: list[MpControl] = field(default_factory=list)
-    waiters: list[asyncio.Task[None]] = field(default_factory=list)
-    background: list[asyncio.Task[None]] = field(default_factory=list)
-    keys: dict[str, dict[str, str]] = field(default_factory=lambda: defaultdict(dict))
-    #: node id -> server time (µs) right after it was SIGKILLed and reaped.
-    kills: dict[str, int] = field(default_factory=dict)
-    killed_mid_turn: int = 0
-    restart_window: tuple[float, float] | None = None
-    _unique: Iterator[int] = field(default_factory=lambda: itertools.count(1))
-
-    def __post_init__(self) -> None:
-        self.rng = random.Random(self.seed)
-
-    @staticmethod
-    def sessions() -> list[str]:
-        return [f"s{n:02d}" for n in range(STORM_SESSIONS)]
-
-    def session(self) -> str:
-        return f"s{self.rng.randrange(STORM_SESSIONS):02d}"
-
-    def next_request(self, session_id: str) -> tuple[str, str | None]:
-        """(tag, key): a same-input reuse of a known key, a new key, or a keyless request."""
-        rng, known = self.rng, self.keys[session_id]
-        roll = rng.random()
-        if roll < 0.3 and known:
-            key = rng.choice(sorted(known))
-            return key, key
-        if roll < 0.65:
-            key = f"k{len(known)}"
-            known[key] = request(session_id, key)["input"]
-            return key, key
-        return f"u{next(self._unique)}", None
-
-    def new_call(
-        self,
-        session_id: str,
-        node: NodeProcess,
-        tag: str,
-        key: str | None,
-        spec: str = "",
-        priority: Priority | None = None,
-        **flags: bool,
-    ) -> MpCall:
-        if priority is None:
-            priority = self.rng.choice((Priority.NOW, Priority.NEXT, Priority.NEXT, Priority.LATER))
-        text = request(session_id, tag, spec)["input"]
-        call = MpCall(len(self.calls), session_id, node, tag, text, key, priority, **flags)
-        self.calls.append(call)
-        return call
-
-    async def place(self, call: MpCall) -> None:
-        payload = {
-            "session_id": call.session_id,
-            "agent_ref": "bot",
-            "input": call.text,
-            "idempotency_key": call.key,
-            "priority": call.priority.value,
-        }
-        call.sent = time.monotonic()
-        try:
-            call.ticket = await call.node.client.submit(payload)
-        except Exception as exc:
-            call.refused = exc
-            call.done = time.monotonic()
-            return
-        self.waiters.append(asyncio.ensure_future(self.await_answer(call)))
-
-    async def await_answer(self, call: MpCall) -> None:
-        assert call.turn_id is not None
-        try:
-            call.result = await asyncio.wait_for(
-                call.node.client.result(call.turn_id), FORWARD_TTL + SLACK
-            )
-        except TimeoutError:
-            call.hung = True
-        except Exception as exc:
-            call.error = exc
-        call.done = time.monotonic()
-
-    # ------------------------------------------------------------ controls
-
-    async def control(self, entry: MpControl, action: Any) -> None:
-        entry.sent = time.monotonic()
-        try:
-            await action
-        except Exception as exc:
-            entry.error = exc
-        entry.done = time.monotonic()
-
-    def random_controls(self) -> None:
-        rng = self.rng
-        for _ in range(rng.choice((0, 0, 1, 2))):
-            node = rng.choice(self.cluster.alive)
-            session_id = self.session()
-            turns = [c.turn_id for c in self.calls if c.session_id == session_id and c.turn_id]
-            turn_id = rng.choice(turns[-3:]) if turns and rng.random() < 0.5 else None
-            entry = MpControl("interrupt_turn" if turn_id else "interrupt", node, session_id)
-            self.controls.append(entry)
-            action = node.client.interrupt(session_id, reason="USER", turn_id=turn_id)
-            self.background.append(asyncio.ensure_future(self.control(entry, action)))
-        if rng.random() < 0.3:
-            node = rng.choice(self.cluster.alive)
-            session_id = self.session()
-            entry = MpControl("release", node, session_id)
-            self.controls.append(entry)
-            action = node.client.release_session(session_id)
-            self.background.append(asyncio.ensure_future(self.control(entry, action)))
-
-    # ------------------------------------------------------------ crashes and the restart
-
-    async def running_probe(self) -> tuple[MpCall, NodeProcess]:
-        """A held (gated) turn and the node process running it, once it runs."""
-        cluster = self.cluster
-        for _ in range(5):
-            session_id = self.session()
-            tag = f"p{next(self._unique)}"
-            node = self.rng.choice(cluster.alive)
-            call = self.new_call(
-                session_id, node, tag, None, f"gate:{tag}", Priority.NEXT, probe=True
-            )
-            await self.place(call)
-            if call.turn_id is None:
-                continue
-            found = await poll(
-                functools.partial(self.probe_state, call),
-                15,
-                f"probe {tag} neither ran nor was answered",
-            )
-            if isinstance(found, LogEntry):
-                return call, cluster.node(found.node)
-        raise AssertionError(f"seed {self.seed}: no turn could be caught running")
-
-    async def probe_state(self, call: MpCall) -> LogEntry | bool | None:
-        """The probe's start entry; True when it was answered without running (released)."""
-        for entry in await self.cluster.log_entries(call.session_id):
-            if entry.ev == "start" and entry.turn_id == call.turn_id:
-                return entry
-        return True if call.done else None
-
-    async def crash(self, victim: NodeProcess) -> None:
-        await victim.sigkill()
-        self.kills[victim.node_id] = await self.cluster.server_time()
-
-    async def restart_redis(self) -> None:
-        began = time.monotonic()
-        await asyncio.to_thread(self.server.restart)
-        self.restart_window = (began, time.monotonic())
-
-    # ------------------------------------------------------------ the run
-
-    async def run(self) -> None:
-        rng, cluster = self.rng, self.cluster
-        for wave in range(STORM_WAVES):
-            victim: NodeProcess | None = None
-            probe: MpCall | None = None
-            if wave in KILL_WAVES:
-                probe, victim = await self.running_probe()
-            batch: list[MpCall] = []
-            for _ in range(rng.randint(10, 16)):
-                session_id = self.session()
-                tag, key = self.next_request(session_id)
-                batch.append(self.new_call(session_id, rng.choice(cluster.alive), tag, key))
-            if wave % 4 == 3 and (conflict := self.conflicting()) is not None:
-                session_id, key = conflict
-                node = rng.choice(cluster.alive)
-                batch.append(self.new_call(session_id, node, key, key, "conflict", conflict=True))
-            self.random_controls()
-            steps = [self.place(call) for call in batch]
-            if victim is not None:
-                steps.insert(rng.randrange(len(steps) + 1), self.crash(victim))
-            if wave == RESTART_WAVE:
-                steps.insert(rng.randrange(len(steps) + 1), self.restart_redis())
-            await asyncio.gather(*steps)
-            if victim is not None and probe is not None:
-                unfinished = await self.unfinished_on(victim.node_id)
-                self.killed_mid_turn += bool(unfinished)
-                await cluster.open_gate(probe.tag)  # (nobody waits on it any more)
-                await cluster.add_node()
-            await asyncio.sleep(rng.uniform(0.02, 0.1))  # pacing between waves, not a sync
-        await asyncio.gather(*self.background)
-        await asyncio.gather(*self.waiters)
-
-    def conflicting(self) -> tuple[str, str] | None:
-        """A key some caller already saw succeed (so DONE), to reuse with a different input."""
-        done = sorted(
-            {(c.session_id, c.key) for c in self.calls if c.key and c.result and not c.conflict}
-        )
-        return self.rng.choice(done) if done else None
-
-    async def unfinished_on(self, node_id: str) -> list[str]:
-        unfinished = []
-        for session_id in self.sessions():
-            log = await self.cluster.log_entries(session_id)
-            ended = {e.turn_id for e in log if e.ev == "end"}
-            unfinished += [
-                e.turn_id
-                for e in log
-                if e.ev == "start" and e.node == node_id and e.turn_id not in ended
-            ]
-        return unfinished
-
-
-class MpChecker:
-    """Checks DESIGN.md §8 over what an MpStorm observed; collects violations and counts."""
-
-    def __init__(self, storm: MpStorm) -> None:
-        self.storm = storm
-        self.cluster = storm.cluster
-        self.violations: dict[str, list[str]] = defaultdict(list)
-        #: Symptoms of the known bugs (see the flags at the top of this section).
-        self.known_bug: list[str] = []
-        self.counts: dict[str, Any] = {}
-        #: Keys that ran again after a turn answered HOLDER_LOST had committed (allowed).
-        self.reruns: list[str] = []
-        self.logs: dict[str, list[LogEntry]] = {}
-        self.committed: dict[str, str] = {}  # turn id -> session
-        self.ran_ok: set[str] = set()
-        self.started_on: dict[str, str] = {}
-        self.tag_of: dict[str, tuple[str, str]] = {}  # turn id -> (session, tag)
-        refused = [c for c in storm.calls if isinstance(c.refused, BackendUnavailableError)]
-        #: (session, tag) of submits refused with BackendUnavailableError (keyed ones: the key).
-        self.refused_tags = {(c.session_id, c.tag) for c in refused}
-        #: Sessions whose collects failed, as the node processes logged it.
-        self.collect_failed: Counter[str] = Counter()
-        for path in sorted(storm.cluster.log_dir.glob("*.log")):
-            for line in path.read_text(errors="replace").splitlines():
-                if found := re.search(r"collect failed for (\S+):", line):
-                    self.collect_failed[found.group(1)] += 1
-
-    def fail(self, invariant: str, message: str) -> None:
-        self.violations[invariant].append(message)
-
-    def known(self, flag: str, enabled: bool, invariant: str, message: str) -> None:
-        """A symptom of a known bug: listed while its flag stands, else a violation."""
-        if enabled:
-            self.known_bug.append(f"{flag}: {message}")
-        else:
-            self.fail(invariant, f"{message} ({flag})")
-
-    def in_restart(self, sent: float, done: float) -> bool:
-        window = self.storm.restart_window
-        return window is not None and sent <= window[1] and done >= window[0]
-
-    def vanished(self, call: MpCall, invariant: str, what: str) -> None:
-        """A turn that never ran and was answered late or never: name the known bug it shows,
-        or fail."""
-        message = f"{call.who()}: {what}; {self.story(call)}"
-        if call.turn_id in self.started_on:
-            self.fail(invariant, message)
-        elif (call.session_id, call.tag) in self.refused_tags and call.key is not None:
-            self.known("GHOST_RESERVATION_BUG", GHOST_RESERVATION_BUG, invariant, message)
-        elif self.collect_failed[call.session_id]:
-            self.known("LOST_COLLECT_BUG", LOST_COLLECT_BUG, invariant, message)
-        else:
-            self.fail(invariant, message)
-
-    async def check(self) -> None:
-        for session_id in self.storm.sessions():
-            self.logs[session_id] = await self.cluster.log_entries(session_id)
-        self.no_overlap()
-        await self.fenced_transcripts()
-        self.one_answer_per_submit()
-        self.at_most_once_per_key()
-        await self.nothing_lost()
-
-    # ------------------------------------------------------------ 1. serialization, fencing
-
-    def no_overlap(self) -> None:
-        kills = self.storm.kills
-        executions = 0
-        for session_id, log in self.logs.items():
-            starts = [e for e in log if e.ev == "start"]
-            ends = {e.turn_id: e for e in log if e.ev == "end"}
-            executions += len(starts)
-            for turn, times in Counter(e.turn_id for e in starts).items():
-                if times > 1:
-                    self.fail("3 idempotency", f"turn {turn} started {times} times")
-            intervals = []
-            for start in starts:
-                self.started_on[start.turn_id] = start.node
-                self.tag_of[start.turn_id] = (session_id, start.text.split("|", 2)[1])
-                if session_id != start.text.split("|", 1)[0]:
-                    self.fail("1 overlap", f"{session_id} ran {start.text!r}")
-                end = ends.get(start.turn_id)
-                if end is not None:
-                    stop = end.stamp
-                    if end.how == "ok":
-                        self.ran_ok.add(start.turn_id)
-                elif start.node in kills:
-                    stop = kills[start.node]  # died mid-turn: ended when the process was reaped
-                else:
-                    self.fail("1 overlap", f"{session_id}: turn {start.turn_id} never ended")
-                    continue
-                intervals.append((start.stamp, stop, start.turn_id, start.node))
-            intervals.sort()
-            for first, second in itertools.pairwise(intervals):
-                if second[0] < first[1]:
-                    self.fail("1 overlap", f"{session_id}: {first} and {second} overlap")
-        self.counts["executions"] = executions
-
-    async def fenced_transcripts(self) -> None:
-        entries_seen = 0
-        for session_id in self.storm.sessions():
-            record = await self.cluster.backends.records.load(session_id)
-            if record is None:
-                continue
-            entries_seen += len(record.entries)
-            blocks: list[str] = []
-            last = 0
-            for entry in record.entries:
-                if entry.token < last:
-                    self.fail("1 fencing", f"{session_id}: token {entry.token} after {last}")
-                last = max(last, entry.token)
-                if not blocks or blocks[-1] != entry.turn_id:
-                    blocks.append(entry.turn_id)
-                self.committed[entry.turn_id] = session_id
-                if entry.content.removeprefix("echo:").split("|", 1)[0] != session_id:
-                    self.fail("1 fencing", f"{session_id} holds {entry.content!r}")
-            for turn, times in Counter(blocks).items():
-                if times > 1:
-                    self.fail("1 interleaving", f"{session_id}: turn {turn} split in {times}")
-            for turn in set(blocks) - self.ran_ok:
-                self.fail("1 fencing", f"{session_id}: {turn} committed but never returned ok")
-        self.counts["transcript_entries"] = entries_seen
-        self.counts["committed_turns"] = len(self.committed)
-
-    # ------------------------------------------------------------ 2. one answer per submit
-
-    def one_answer_per_submit(self) -> None:
-        codes: Counter[str] = Counter()
-        for call in self.storm.calls:
-            who, killed = call.who(), call.node.killed
-            if call.refused is not None:
-                kind = type(call.refused).__name__
-                if call.conflict and isinstance(call.refused, IdempotencyConflictError):
-                    codes["refused:IdempotencyConflictError"] += 1
-                elif isinstance(call.refused, RouterClosedError) and killed:
-                    codes["refused:RouterClosedError"] += 1
-                elif isinstance(call.refused, BackendUnavailableError) and self.in_restart(
-                    call.sent, call.done
-                ):
-                    codes["refused:BackendUnavailableError"] += 1
-                else:
-                    self.fail("2 answer", f"{who}: submit raised {kind}: {call.refused}")
-                continue
-            if call.conflict:
-                self.fail("3 idempotency", f"{who}: a different input on a DONE key was accepted")
-            if call.hung:
-                self.fail("2 answer", f"{who}: no answer within forward_ttl + {SLACK}s")
-                continue
-            if call.result is not None:
-                codes["ok"] += 1
-                result = call.result
-                if (result.turn_id, result.session_id) != (call.turn_id, call.session_id):
-                    self.fail("2 answer", f"{who}: answered for another turn: {result!r}")
-                ran_on = self.started_on.get(result.turn_id)
-                if ran_on is not None and ran_on != result.executed_by:
-                    self.fail("2 answer", f"{who}: executed_by {result.executed_by}, ran {ran_on}")
-            elif isinstance(call.error, TurnFailedError):
-                code, detail = call.error.code, call.error.detail
-                codes[code.value] += 1
-                if code is FailureCode.FAILED:
-                    codes[f"FAILED:{detail.split(':')[0]}"] += 1
-                if code is FailureCode.FORWARD_TIMEOUT:
-                    self.vanished(call, "2 answer", "FORWARD_TIMEOUT: its message vanished")
-                elif code not in ALLOWED_CODES or (
-                    code is FailureCode.FAILED and not detail.startswith(FAILED_MESSAGES)
-                ):
-                    self.fail("2 answer", f"{who}: failed with {call.error!r}; {self.story(call)}")
-            elif isinstance(call.error, RouterClosedError) and killed:
-                codes["RouterClosedError"] += 1
-            else:
-                self.fail("2 answer", f"{who}: unexpected answer {call.error!r}")
-        for control in self.storm.controls:
-            error = control.error
-            if error is None:
-                continue
-            if isinstance(error, RouterClosedError) and control.node.killed:
-                continue
-            if isinstance(error, BackendUnavailableError) and self.in_restart(
-                control.sent, control.done
-            ):
-                continue
-            self.fail("2 answer", f"{control.what} via {control.node.node_id} raised {error!r}")
-        self.counts["submits"] = len(self.storm.calls)
-        self.counts["answers"] = dict(sorted(codes.items()))
-        # (diagnostic, not a bound: answers that came only from a forward deadline or a
-        # holderless reservation's stale sweep take about forward_ttl)
-        self.counts["slow_answers"] = sum(
-            1 for c in self.storm.calls if c.ticket and c.done - c.sent >= FORWARD_TTL
-        )
-
-    # ------------------------------------------------------------ 3. at most once per key
-
-    def at_most_once_per_key(self) -> None:
-        calls = self.storm.calls
-        by_turn: dict[str, list[MpCall]] = defaultdict(list)
-        for call in calls:
-            if call.turn_id is not None and (call.result is not None or call.code is not None):
-                by_turn[call.turn_id].append(call)
-        for turn_id, group in by_turn.items():
-            texts = {c.result.text for c in group if c.result is not None}
-            failures = {c.code.value for c in group if c.code is not None}
-            if len(texts) > 1 or (texts and failures):
-                story = [(c.index, c.node.node_id, c.result or c.code) for c in group]
-                message = f"turn {turn_id} answered inconsistently: {story}"
-                if len(texts) == 1 and failures == {FailureCode.EVICTED.value}:
-                    self.known(
-                        "LATE_DELIVERY_EVICT_BUG", LATE_DELIVERY_EVICT_BUG, "3 idempotency", message
-                    )
-                elif len(texts) == 1 and failures == {FailureCode.HOLDER_LOST.value}:
-                    self.known("STALE_SUCCESS_BUG", STALE_SUCCESS_BUG, "3 idempotency", message)
-                else:
-                    self.fail("3 idempotency", message)
-        for call in calls:
-            if call.result is not None and call.result.turn_id not in self.committed:
-                self.fail("3 idempotency", f"{call.who()}: succeeded but never committed")
-            if call.code in NOTHING_COMMITTED and call.turn_id in self.committed:
-                message = f"{call.who()}: told {call.code} but committed; {self.story(call)}"
-                if call.code is FailureCode.EVICTED:
-                    self.known(
-                        "LATE_DELIVERY_EVICT_BUG", LATE_DELIVERY_EVICT_BUG, "3 idempotency", message
-                    )
-                else:
-                    self.fail("3 idempotency", message)
-        # Submits refused with BackendUnavailableError whose message ran anyway.
-        ticketed = {c.turn_id for c in calls if c.turn_id is not None}
-        orphans = [t for t in self.tag_of if t not in ticketed]
-        for turn_id in orphans:
-            session_id, tag = self.tag_of[turn_id]
-            message = f"{session_id}/{tag}: turn {turn_id} ran but its submit was refused"
-            if (session_id, tag) in self.refused_tags:
-                self.known(
-                    "REFUSED_BUT_QUEUED_BUG", REFUSED_BUT_QUEUED_BUG, "3 idempotency", message
-                )
-            else:
-                self.fail("3 idempotency", f"{message}?? no submit of that tag was refused")
-        # Per (session, key): one committed execution at most, and successes agree on it.
-        committed_per_tag: dict[tuple[str, str], set[str]] = defaultdict(set)
-        for turn_id in self.committed:
-            if turn_id in self.tag_of:
-                committed_per_tag[self.tag_of[turn_id]].add(turn_id)
-        keyed = {(c.session_id, c.key) for c in calls if c.key and not c.conflict}
-        # A key may run again after its turn was answered HOLDER_LOST (FAILED: §8.3), even when
-        # that turn had committed just before its holder died; never after a success.
-        answers: dict[str, set[str]] = defaultdict(set)
-        for call in calls:
-            if call.turn_id is not None:
-                answers[call.turn_id].add(
-                    "ok"
-                    if call.result is not None
-                    else (call.code.value if call.code else type(call.error).__name__)
-                )
-        lost_holder = {FailureCode.HOLDER_LOST.value, "RouterClosedError"}
-        for (session_id, tag), turns in committed_per_tag.items():
-            if len(turns) < 2 or (session_id, tag) not in keyed:
-                continue
-            example = next(c for c in calls if (c.session_id, c.key) == (session_id, tag))
-            message = (
-                f"{session_id}/{tag} committed {len(turns)} times: "
-                f"{ {t: sorted(answers[t]) for t in sorted(turns)} }; {self.story(example)}"
-            )
-            orphaned = {t for t in turns if t in orphans}
-            excused = {t for t in turns if answers[t] and answers[t] <= lost_holder}
-            if len(turns - orphaned - excused) > 1:
-                self.fail("3 idempotency", message)
-            elif orphaned:
-                self.known(
-                    "REFUSED_BUT_QUEUED_BUG", REFUSED_BUT_QUEUED_BUG, "3 idempotency", message
-                )
-            else:
-                self.reruns.append(message)
-        self.counts["reruns_after_holder_loss"] = len(self.reruns)
-        successes: dict[tuple[str, str], set[str]] = defaultdict(set)
-        for call in calls:
-            if call.key and call.result is not None:
-                successes[(call.session_id, call.key)].add(call.result.turn_id)
-        for (session_id, key), turns in successes.items():
-            if len(turns) > 1:
-                self.fail("3 idempotency", f"{session_id}/{key}: successes of turns {turns}")
-        for log in self.logs.values():
-            for entry in log:
-                if spec_of(entry.text) == "conflict":
-                    self.fail("3 idempotency", f"conflicting input ran: {entry.text!r}")
-        self.counts["keys"] = len(keyed)
-        self.counts["key_reuses"] = sum(1 for c in calls if c.key and not c.conflict) - len(keyed)
-        self.counts["conflicts"] = sum(1 for c in calls if c.conflict)
-
-    # ------------------------------------------------------------ 4. nothing lost
-
-    async def nothing_lost(self) -> None:
-        backends = self.cluster.backends
-        sessions = self.storm.sessions()
-
-        async def inboxes_empty() -> bool:
-            return all([await backends.inbox.is_empty(s) for s in sessions])
-
-        with contextlib.suppress(AssertionError):
-            await poll(inboxes_empty, 15, "inboxes")
-        for session_id in sessions:
-            if await backends.inbox.is_empty(session_id):
-                continue
-            # (after quiescing, reading what was left behind is the last thing anyone does)
-            left = await backends.inbox.purge(session_id)
-            for entry in left.unreadable:
-                self.fail("4 loss", f"inbox of {session_id} holds an unreadable entry {entry}")
-            for message in left.messages:
-                text = message.envelope.input.as_text()
-                tag = (session_id, text.split("|", 2)[1])
-                what = (
-                    f"inbox of {session_id} still holds {text!r} (turn {message.envelope.turn_id})"
-                )
-                if tag in self.refused_tags:
-                    self.known("REFUSED_BUT_QUEUED_BUG", REFUSED_BUT_QUEUED_BUG, "4 loss", what)
-                else:
-                    self.fail("4 loss", what)
-        reservations: dict[tuple[str, str], list[MpCall]] = defaultdict(list)
-        for call in self.storm.calls:
-            if call.turn_id is not None:
-                key = f"c:{call.key}" if call.key else f"t:{call.turn_id}"
-                reservations[(call.session_id, key)].append(call)
-
-        async def settled() -> bool:
-            for ref in reservations:
-                found = await backends.idempotency.find(*ref)
-                if found is not None and found.state is ReservationState.IN_FLIGHT:
-                    return False
-            return True
-
-        with contextlib.suppress(AssertionError):
-            await poll(settled, 10, "reservations")
-        for (session_id, key), group in reservations.items():
-            found = await backends.idempotency.find(session_id, key)
-            if found is None:
-                if key.startswith("c:"):
-                    self.fail("4 loss", f"{session_id}/{key}: reservation missing")
-                continue
-            if found.state is ReservationState.IN_FLIGHT:
-                call = next((c for c in group if c.turn_id == found.turn_id), group[0])
-                self.vanished(call, "4 loss", f"{session_id}/{key} stays IN_FLIGHT ({found})")
-                continue
-            if found.outcome is None:
-                continue
-            for call in group:
-                if call.turn_id != found.turn_id:
-                    continue
-                stored = f"{found.outcome.code or 'DONE'}: {found.outcome.message}"
-                if call.code is not None and found.outcome.ok:
-                    message = f"{call.who()} told {call.code}; store: {stored}"
-                    if call.code is FailureCode.EVICTED:
-                        self.known(
-                            "LATE_DELIVERY_EVICT_BUG",
-                            LATE_DELIVERY_EVICT_BUG,
-                            "3 idempotency",
-                            message,
-                        )
-                    else:
-                        self.fail("3 idempotency", message)
-                if call.result is not None and not found.outcome.ok:
-                    message = f"{call.who()} got a result; store: {stored}"
-                    if found.outcome.code == FailureCode.HOLDER_LOST.value:
-                        self.known("STALE_SUCCESS_BUG", STALE_SUCCESS_BUG, "3 idempotency", message)
-                    else:
-                        self.fail("3 idempotency", message)
-        self.counts["reservations"] = len(reservations)
-        self.counts["sessions"] = len(sessions)
-
-    def story(self, call: MpCall) -> str:
-        """What every call of the same session and key (or turn) got, for a violation report."""
-        start = self.storm.calls[0].sent
-        window = self.storm.restart_window
-        lines = [
-            f"restart window {window[0] - start:.3f}-{window[1] - start:.3f}s" if window else ""
-        ]
-        for other in self.storm.calls:
-            same = other.key is not None and other.key == call.key
-            if other.session_id != call.session_id or not (same or other is call):
-                continue
-            answer = other.refused or other.result or other.error or "hung"
-            kind = other.ticket["kind"] if other.ticket else "-"
-            lines.append(
-                f"#{other.index} via {other.node.node_id} sent {other.sent - start:.3f}s "
-                f"done {other.done - start:.3f}s {kind} turn {other.turn_id}: {answer!r}"
-            )
-        for control in self.storm.controls:
-            if control.session_id == call.session_id:
-                lines.append(
-                    f"{control.what} via {control.node.node_id} sent {control.sent - start:.3f}s "
-                    f"done {control.done - start:.3f}s: {control.error!r}"
-                )
-        for entry in self.logs.get(call.session_id, []):
-            lines.append(f"log {entry!r} {entry.text!r}")
-        return "\n        ".join(lines)
-
-    def summary(self) -> str:
-        c, storm = self.counts, self.storm
-        return (
-            f"multi-process invariants (seed {storm.seed}): submits={c['submits']}, "
-            f"answers={c['answers']}, sessions={c['sessions']}, executions={c['executions']}, "
-            f"committed_turns={c['committed_turns']}, "
-            f"transcript_entries={c['transcript_entries']}, keys={c['keys']}, "
-            f"key_reuses={c['key_reuses']}, conflicts={c['conflicts']}, "
-            f"reservations={c['reservations']}, "
-            f"controls={dict(Counter(x.what for x in storm.controls))}, "
-            f"sigkills={len(storm.kills)} (mid-turn {storm.killed_mid_turn}), "
-            f"redis_restarts={int(storm.restart_window is not None)}, "
-            f"nodes_started={len(storm.cluster.nodes)}, slow_answers={c['slow_answers']}, "
-            f"reruns_after_holder_loss={c['reruns_after_holder_loss']}, "
-            f"known_bug_hits={len(self.known_bug)}"
-        )
-
-    def report(self) -> str:
-        lines = []
-        for invariant, messages in sorted(self.violations.items()):
-            lines.append(f"invariant {invariant}: {len(messages)} violation(s)")
-            lines.extend(f"    {m}" for m in messages[:6])
-        return "\n".join(lines)
+def summary(checker: Checker, nodes_started: int) -> str:
+    c, history = checker.counts, checker.history
+    return (
+        f"multi-process invariants (seed {history.seed}): submits={c['submits']}, "
+        f"answers={c['answers']}, sessions={c['sessions']}, executions={c['executions']}, "
+        f"committed_turns={c['committed_turns']}, "
+        f"transcript_entries={c['transcript_entries']}, keys={c['keys']}, "
+        f"key_reuses={c['key_reuses']}, conflicts={c['conflicts']}, "
+        f"reservations={c['reservations']}, "
+        f"controls={dict(Counter(x.what for x in history.controls))}, "
+        f"sigkills={len(history.kills)} (mid-turn {sum(k.mid_turn for k in history.kills)}), "
+        f"redis_restarts={len(history.restarts)}, "
+        f"nodes_started={nodes_started}, slow_answers={c['slow_answers']}, "
+        f"reruns_after_holder_loss={c['reruns_after_holder_loss']}, "
+        f"known_bug_hits={len(checker.known_bug)}"
+    )
 
 
 def storm_seed() -> int:
@@ -1151,15 +452,18 @@ async def test_randomized_storm_over_node_processes_keeps_the_invariants(
     print(f"\nmulti-process storm seed={seed}")
     started = time.monotonic()
     async with MpCluster(aof_server.url, node_logs, forward_ttl=FORWARD_TTL) as cluster:
-        storm = MpStorm(seed, cluster, aof_server)
+        nodes = NodeWaves(cluster, aof_server, PLAN.session_ids())
+        storm = WaveStorm(seed, PLAN, nodes)
         # Given 3 node processes under a seeded storm of submits, controls, SIGKILLs and a
         # redis-server restart (append-only, fsync always)
-        await storm.run()
+        history = await storm.run()
         # When every caller has its answer and the survivors have drained what was left
-        checker = MpChecker(storm)
-        await checker.check()
-    # Then every invariant of DESIGN.md §8 held
-    print(checker.summary())
+        await nodes.record(history)
+        checker = Checker(history, RULES)
+        await checker.check(cluster.backends)
+        nodes_started = len(cluster.nodes)
+    # Then every invariant held
+    print(summary(checker, nodes_started))
     for hit in checker.known_bug:
         print(f"known bug {hit.splitlines()[0]}")
     for rerun in checker.reruns:
@@ -1167,8 +471,8 @@ async def test_randomized_storm_over_node_processes_keeps_the_invariants(
     print(f"storm and checks took {time.monotonic() - started:.1f}s")
     assert not checker.violations, f"seed {seed}:\n{checker.report()}"
     assert checker.counts["submits"] >= 250
-    assert len(storm.kills) >= 2 and storm.killed_mid_turn >= 1
-    assert storm.restart_window is not None
+    assert len(history.kills) >= 2 and sum(k.mid_turn for k in history.kills) >= 1
+    assert history.restarts
 
 
 # ====================================================================== e. restart, no persistence
@@ -1257,266 +561,3 @@ async def test_redis_restart_without_persistence_still_answers_every_submit(
         for kind, answers in observed.items():
             assert "HUNG" not in answers, f"{kind}: a caller got no answer: {answers}"
         assert all(r.text == f"echo:{sid}|fresh|" for sid, r in zip(sessions, fresh, strict=True))
-
-
-# ====================================================================== known bugs: focused repros
-#
-# In-process (one event loop) over the real redis-server, so each symptom is deterministic. Each
-# is marked xfail(strict) while its flag above is True: fixing the bug turns it into a pass.
-
-REPRO: dict[str, Any] = dict(
-    lease_ttl=1.0,
-    lease_extend_interval=0.25,
-    idempotency_secondary_ttl=0.5,
-    holder_loss_sweep_interval=0.25,
-    forward_ttl=3.0,
-    release_interrupt_timeout=1.0,
-    interrupt_grace=0.2,
-)
-
-
-@contextlib.asynccontextmanager
-async def two_redis_routers(url: str) -> AsyncIterator[tuple[Journal, list[Any], list[Any]]]:
-    """Routers A and B over one redis-server, each with its own bundle; A holds s1."""
-    journal = Journal()
-    bundles = [RedisBackends.from_url(url, namespace="repro") for _ in range(2)]
-    routers = [
-        SessionRouter.build(
-            config=RouterConfig(node_id=f"node-{n}", mode=DeploymentMode.DISTRIBUTED, **REPRO),
-            opener=ScriptedOpener(journal),
-            backends=bundle,
-        )
-        for n, bundle in zip("ab", bundles, strict=True)
-    ]
-    for router in routers:
-        await router.start()
-    try:
-        await (await routers[0].submit(repro_request("first"))).result
-        yield journal, bundles, routers
-    finally:
-        for router in routers:
-            await router.aclose(grace=0.5)
-        for bundle in bundles:
-            await bundle.aclose()
-
-
-def repro_request(text: str, **extra: Any) -> SubmitRequest:
-    return SubmitRequest(session_id="s1", agent_ref="bot", input=text, **extra)
-
-
-def connection_lost() -> redis.ConnectionError:
-    return redis.ConnectionError("Connection closed by server.")
-
-
-@pytest.mark.xfail(LOST_COLLECT_BUG, strict=True, reason="see LOST_COLLECT_BUG")
-async def test_a_collect_whose_index_write_fails_loses_nothing(redis_url: str) -> None:
-    async with two_redis_routers(redis_url) as (journal, bundles, (_, b)):
-        inbox = bundles[0].inbox  # A's, the holder's
-        real_take = inbox._take
-
-        async def take_then_fail(session_id: str, last_tier: int) -> Any:
-            batch = await real_take(session_id, last_tier)
-            if not batch:
-                return batch
-            inbox._take = real_take  # once
-            # (what `_take` meets when its index_drop command, or the take's reply, is lost)
-            raise connection_lost()
-
-        inbox._take = take_then_fail
-        # Given B forwards a turn to A, and A's collect removes it but then fails
-        forwarded = await b.submit(repro_request("second"))
-        # Then the message still runs (today: it is gone; FORWARD_TIMEOUT after forward_ttl)
-        result = await asyncio.wait_for(forwarded.result, 10)
-        assert result.text == "echo:second"
-        assert journal.texts("s1") == ["first", "second"]
-
-
-@pytest.mark.xfail(GHOST_RESERVATION_BUG, strict=True, reason="see GHOST_RESERVATION_BUG")
-@pytest.mark.parametrize("failing", ["delivery", "stale-index write"])
-async def test_a_refused_submit_leaves_its_key_free(
-    redis_url: str, failing: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    async with two_redis_routers(redis_url) as (_, bundles, (_, b)):
-        inbox, idempotency = bundles[1].inbox, bundles[1].idempotency  # B's
-
-        async def unreachable(*args: Any, **kwargs: Any) -> Any:
-            raise connection_lost()
-
-        if failing == "delivery":
-            # Given the store fails B's delivery and the clean-up after it (an outage)
-            monkeypatch.setattr(inbox, "deliver", unreachable)
-            monkeypatch.setattr(idempotency, "discard_reservation", unreachable)
-        else:
-            # Given B's reservation (script and index writes, one pipeline) is applied but its
-            # reply is lost
-            real_batch = stores.run_batch
-
-            async def batch(client: Any, calls: Any) -> Any:
-                replies = await real_batch(client, calls)
-                if any("ZADD" in call.keys and "c:k" in str(call.keys) for call in calls):
-                    monkeypatch.setattr(stores, "run_batch", real_batch)  # once
-                    raise connection_lost()
-                return replies
-
-            monkeypatch.setattr(stores, "run_batch", batch)
-        with pytest.raises(BackendUnavailableError):
-            await b.submit(repro_request("keyed", idempotency_key="k"))
-        monkeypatch.undo()
-        # When the client retries with the same key at once, the store being back
-        retry = await b.submit(repro_request("keyed", idempotency_key="k"))
-        # Then the turn runs (today: the retry attaches to the refused turn, which was never
-        # queued, and gets HOLDER_LOST or FORWARD_TIMEOUT after forward_ttl)
-        result = await asyncio.wait_for(retry.result, 10)
-        assert result.text == "echo:keyed"
-
-
-@pytest.mark.xfail(REFUSED_BUT_QUEUED_BUG, strict=True, reason="see REFUSED_BUT_QUEUED_BUG")
-async def test_a_refused_submit_never_runs(redis_url: str) -> None:
-    async with two_redis_routers(redis_url) as (journal, bundles, (_, b)):
-        inbox = bundles[1].inbox  # B's
-        real_deliver = inbox.deliver
-
-        async def deliver_then_lose_the_reply(*args: Any, **kwargs: Any) -> Any:
-            inbox.deliver = real_deliver  # once
-            await real_deliver(*args, **kwargs)
-            raise connection_lost()
-
-        # Given B's delivery is written but its reply is lost, so the submit is refused
-        inbox.deliver = deliver_then_lose_the_reply
-        with pytest.raises(BackendUnavailableError):
-            await b.submit(repro_request("refused"))
-        # When a later turn of the session comes along
-        later = await b.submit(repro_request("later"))
-        await asyncio.wait_for(later.result, 10)
-        # Then only that turn ran (today: the refused one ran first)
-        assert journal.texts("s1") == ["first", "later"]
-
-
-async def test_a_success_the_store_did_not_record_never_runs_twice(redis_url: str) -> None:
-    async with two_redis_routers(redis_url) as (journal, bundles, (a, b)):
-        idempotency = bundles[0].idempotency  # A's, the holder's
-        real_mark_done = idempotency.mark_done
-
-        async def mark_done_fails(*args: Any, **kwargs: Any) -> Any:
-            idempotency.mark_done = real_mark_done  # once
-            raise connection_lost()
-
-        # Given a keyed turn commits on A but recording its outcome fails
-        idempotency.mark_done = mark_done_fails
-        first = await (await a.submit(repro_request("pay", idempotency_key="k"))).result
-        # When the reservation has settled (the holder-loss sweep finds it unowned and stale)
-        backends = bundles[1]
-
-        async def settled() -> bool:
-            found = await backends.idempotency.find("s1", "c:k")
-            return found is not None and found.state is not ReservationState.IN_FLIGHT
-
-        await poll(settled, 10, "the reservation never settled")
-        # Then a retry with the key gets the first result (the outcome was recorded later)
-        again = await (await b.submit(repro_request("pay", idempotency_key="k"))).result
-        assert again.turn_id == first.turn_id
-        assert journal.texts("s1") == ["first", "pay"]
-
-
-@pytest.mark.xfail(LATE_DELIVERY_EVICT_BUG, strict=True, reason="see LATE_DELIVERY_EVICT_BUG")
-async def test_a_message_delivered_after_the_release_purge_is_not_failed_as_evicted() -> None:
-    journal = Journal()
-    async with LocalCluster(2, opener=ScriptedOpener(journal), **REPRO) as cluster:
-        a, b = cluster.nodes
-        await (await a.submit(repro_request("first"))).result
-        leases = a.backends.leases  # (A's own link to the shared backends)
-        real_release = leases.release
-        purged, go = asyncio.Event(), asyncio.Event()
-
-        async def slow_release(lease: Any) -> Any:
-            purged.set()
-            await go.wait()
-            return await real_release(lease)
-
-        leases.release = slow_release
-        # Given A releases s1: it has purged the inbox and is releasing the lease...
-        releasing = asyncio.ensure_future(a.release_session("s1"))
-        await asyncio.wait_for(purged.wait(), 10)
-        # ...when B forwards a turn to A, whose message lands after the purge
-        forwarded = await b.submit(repro_request("second"))
-        leases.release = real_release
-        go.set()
-        await releasing
-        # Then B's caller is told what happened to the message: if it ran, its result
-        try:
-            outcome: Any = await asyncio.wait_for(forwarded.result, 10)
-        except TurnFailedError as exc:
-            outcome = exc.code
-        # (a later turn runs after whatever was queued before it)
-        await (await a.submit(repro_request("third"))).result
-        record = await cluster.backends.records.load("s1")
-        committed = record is not None and any(e.content == "echo:second" for e in record.entries)
-        # (today: EVICTED, while the message survived the purge, ran under the next lease and
-        # committed)
-        assert committed == isinstance(outcome, TurnResult), (outcome, journal.texts("s1"))
-
-
-@pytest.mark.xfail(FENCED_QUEUE_BUG, strict=True, reason="see FENCED_QUEUE_BUG")
-async def test_work_queued_behind_a_fenced_out_turn_goes_to_the_new_holder() -> None:
-    journal = Journal()
-    # (reservations stay fresh while A's renewals pause: only the lease runs out)
-    settings = {**REPRO, "idempotency_secondary_ttl": 30.0}
-    async with LocalCluster(2, opener=ScriptedOpener(journal), **settings) as cluster:
-        a, b = cluster.nodes
-        await (await a.submit(repro_request("first"))).result
-        # Given A runs a held turn with another turn queued behind it in its mailbox
-        gate = journal.gate("held")
-        held = await a.submit(repro_request("held"))
-        await journal.entered["held"].wait()
-        queued = await a.submit(repro_request("queued"))
-        assert queued.kind is SubmitKind.EXECUTED_LOCALLY
-        # When A stops renewing, B takes the session over and commits a turn...
-        a.renewer.pause()
-
-        async def lease_moved() -> bool:
-            lease = await cluster.backends.leases.current("s1")
-            return lease is None or lease.holder != a.node_id
-
-        await poll(lease_moved, 10, "A kept its lease")
-        await (await b.submit(repro_request("takeover"))).result
-        # ...and A's held turn returns, its commit refused by fencing
-        gate.set()
-        with pytest.raises(TurnFailedError) as fenced:
-            await asyncio.wait_for(held.result, 10)
-        assert fenced.value.code is FailureCode.LEASE_LOST
-        # Then the queued turn, which never started, runs on the new holder (today: LEASE_LOST)
-        result = await asyncio.wait_for(queued.result, 10)
-        assert result.executed_by == b.node_id
-
-
-@pytest.mark.xfail(STALE_SUCCESS_BUG, strict=True, reason="see STALE_SUCCESS_BUG")
-async def test_a_success_is_not_reported_over_a_recorded_holder_loss() -> None:
-    journal = Journal()
-    async with LocalCluster(2, opener=ScriptedOpener(journal), **REPRO) as cluster:
-        a, _ = cluster.nodes
-        await (await a.submit(repro_request("first"))).result
-        # Given A runs a keyed turn, held mid-flight
-        gate = journal.gate("pay")
-        on_a = await a.submit(repro_request("pay", idempotency_key="k"))
-        await journal.entered["pay"].wait()
-        # When a holder-loss sweep has just recorded the turn lost (its store write is done, its
-        # TURN_RESULT announcement not yet heard by A: what a sweep does when A's touches lagged
-        # past the secondary TTL)
-        lost = Outcome(
-            turn_id=on_a.turn_id,
-            ok=False,
-            code=FailureCode.HOLDER_LOST.value,
-            message=f"holder {a.node_id} stopped answering",
-        )
-        assert await cluster.backends.idempotency.compare_and_reset("s1", "c:k", a.node_id, lost)
-        # ...and the turn then finishes and commits (A still holds the lease)
-        gate.set()
-        try:
-            outcome: Any = await asyncio.wait_for(on_a.result, 10)
-        except TurnFailedError as exc:
-            outcome = exc.code
-        # Then A's caller is told what the store says (today: the TurnResult, while the store
-        # says HOLDER_LOST -- so a retry with the key runs "pay" a second time)
-        found = await cluster.backends.idempotency.find("s1", "c:k")
-        assert found is not None and found.outcome is not None
-        assert isinstance(outcome, TurnResult) == found.outcome.ok, (outcome, found.outcome)

@@ -1,4 +1,5 @@
-"""Redis-specific behaviour: key layout, script reloads, reconnects, index healing, bounds."""
+"""Redis-specific behaviour: key layout, script reloads, reconnects, bounds (index healing:
+tests/test_redis_indexes.py)."""
 
 from __future__ import annotations
 
@@ -8,49 +9,26 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 from redis.crc import key_slot
 from redis.exceptions import RedisError
 
 from stickless import (
-    DeploymentMode,
     Priority,
-    RouterConfig,
-    SessionRouter,
-    SubmitKind,
-    SubmitRequest,
     TextDelta,
     TranscriptEntry,
-    UserInput,
 )
 from stickless._errors import EventCursorTrimmedError
 from stickless.backends.base import Lease, ReservationRef, ReservationState
 from stickless.backends.redis import RedisBackends
-from stickless.backends.redis._keys import parse_reservation_member, reservation_member
-from stickless.wire import Envelope, Outcome, Signal, SignalKind
+from stickless.wire import Signal, SignalKind
 
-from .agents import Journal, ScriptedOpener
 from .commits import commit_turn
-from .conftest import FAST
 from .redis_fixture import RedisServer, redis_executable
-
-NS = "t"
-LONG = 60.0
-DAY = 86400.0
-
-
-@pytest.fixture
-async def bundle(redis_url: str) -> AsyncIterator[RedisBackends]:
-    """A bundle over the flushed session server."""
-    backends = RedisBackends.from_url(redis_url, namespace=NS, event_log_max_len=100)
-    yield backends
-    await backends.aclose()
+from .redis_stores import DAY, LONG, NS, envelope
 
 
 @pytest.fixture
@@ -60,17 +38,6 @@ def private_server(tmp_path: Path) -> Iterator[RedisServer]:
     server.start()
     yield server
     server.stop()
-
-
-def _envelope(turn_id: str, session_id: str = "s1", **extra: Any) -> Envelope:
-    return Envelope(
-        session_id=session_id,
-        turn_id=turn_id,
-        agent_ref="agent-a",
-        input=UserInput.text(f"input of {turn_id}"),
-        key=f"key-{turn_id}",
-        **extra,
-    )
 
 
 def _signal(kind: SignalKind, session_id: str = "s1", **payload: object) -> Signal:
@@ -108,11 +75,11 @@ async def _exercise_session(backends: RedisBackends, session_id: str) -> Lease:
     lease = await backends.leases.acquire(session_id, "node-a", LONG)
     assert isinstance(lease, Lease)
     await backends.records.provision(session_id, "agent-a", lease.token)
-    await commit_turn(backends,
-        session_id, lease.token, "t1", [TranscriptEntry(role="user", content="hi")]
+    await commit_turn(
+        backends, session_id, lease.token, "t1", [TranscriptEntry(role="user", content="hi")]
     )
-    await backends.inbox.deliver(_envelope("t1", session_id))
-    await backends.inbox.deliver(_envelope("t2", session_id, priority=Priority.NOW))
+    await backends.inbox.deliver(envelope("t1", session_id))
+    await backends.inbox.deliver(envelope("t2", session_id, priority=Priority.NOW))
     assert (
         await backends.idempotency.put_if_absent(session_id, "k1", "t1", "h", "node-a", LONG, DAY)
         is None
@@ -239,15 +206,6 @@ async def test_clone_serves_another_threads_loop(bundle: RedisBackends) -> None:
     assert [r is not None and r.token == lease.token for r in renewed] == [True, True]
 
 
-@given(st.text(min_size=1), st.text(), st.text())
-def test_stale_index_members_round_trip(session_id: str, key: str, turn_id: str) -> None:
-    # Given any session id, key and turn id (digits and ':' included)
-    # When they are encoded as an index member and parsed back
-    # Then the same three come back
-    member = reservation_member(session_id, key, turn_id)
-    assert parse_reservation_member(member) == (session_id, key, turn_id)
-
-
 def test_missing_redis_py_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     # Given redis-py cannot be found
     real = importlib.util.find_spec
@@ -314,7 +272,7 @@ async def test_stopped_server_fails_calls_then_recovers(private_server: RedisSer
         calls: list[Callable[[], Awaitable[object]]] = [
             lambda: backends.leases.current("s1"),
             lambda: backends.leases.renew_many([lease], LONG),
-            lambda: backends.inbox.deliver(_envelope("t1")),
+            lambda: backends.inbox.deliver(envelope("t1")),
             lambda: backends.idempotency.find_stale_in_flight(10),
             lambda: backends.events.append("s1", [frame]),
             lambda: backends.signals.publish(_signal(SignalKind.STATUS)),
@@ -428,88 +386,6 @@ async def test_event_channel_is_subscribed_only_while_needed(bundle: RedisBacken
     assert await subscribers() == 0
 
 
-# --------------------------------------------------------------------------- indexes
-
-
-async def test_stale_index_drops_dead_entries_and_rescores_live_ones(
-    bundle: RedisBackends,
-) -> None:
-    idem, client, index = bundle.idempotency, bundle.client, bundle.keys.stale_index
-    # Given a finished reservation, an expired (deleted) one and a healthy one, all with index
-    # entries pretending to be overdue, plus a malformed member
-    for key in ("done", "gone", "live"):
-        assert await idem.put_if_absent("s1", key, f"t-{key}", "h", "node-a", LONG, DAY) is None
-    assert await idem.mark_done("s1", "done", "node-a", Outcome(turn_id="t-done", ok=True), DAY)
-    await client.delete(bundle.keys.reservation("s1", "gone"))
-    members = {reservation_member("s1", key, f"t-{key}"): 0.0 for key in ("done", "gone", "live")}
-    await client.zadd(index, {**members, "garbage": 0.0})
-    # When the sweep runs
-    stale = await idem.find_stale_in_flight(10)
-    # Then nothing is reported, the dead entries are gone and the live one is rescored to its
-    # real deadline
-    assert stale == []
-    live = reservation_member("s1", "live", "t-live")
-    assert await client.zrange(index, 0, -1) == [live.encode()]
-    score = await client.zscore(index, live)
-    assert score is not None and score > 1.0
-
-
-async def test_stale_index_follows_a_deadline_moved_earlier(bundle: RedisBackends) -> None:
-    idem = bundle.idempotency
-    # Given a reservation with a long bound, touched with a short one
-    assert await idem.put_if_absent("s1", "k1", "t1", "h", "node-a", LONG, DAY) is None
-    await idem.touch_many([ReservationRef("s1", "k1", "node-a")], 0.1)
-    # When the short bound passes
-    await asyncio.sleep(0.3)
-    # Then the sweep finds it
-    assert [r.key for r in await idem.find_stale_in_flight(10)] == ["k1"]
-
-
-async def test_finished_reservations_leave_the_stale_index(bundle: RedisBackends) -> None:
-    idem, client, index = bundle.idempotency, bundle.client, bundle.keys.stale_index
-    # Given reservations finished in every way
-    for key in ("done", "reset", "discarded"):
-        assert await idem.put_if_absent("s1", key, f"t-{key}", "h", "node-a", LONG, DAY) is None
-    await idem.mark_done("s1", "done", "node-a", Outcome(turn_id="t-done", ok=True), DAY)
-    failed = Outcome(turn_id="t-reset", ok=False, code="HOLDER_LOST")
-    await idem.compare_and_reset("s1", "reset", "node-a", failed)
-    await idem.discard_reservation("s1", "discarded", "t-discarded")
-    # When / Then: the index is empty without any sweep
-    assert await client.zcard(index) == 0
-
-
-async def test_pending_index_heals(bundle: RedisBackends) -> None:
-    inbox, client, index = bundle.inbox, bundle.client, bundle.keys.pending_index
-    # Given a collected session (its entry is removed), a ghost entry for an empty inbox, and
-    # a queued session whose entry was lost (a crash between the script and the index write)
-    await inbox.deliver(_envelope("t1", "s-collected"))
-    await inbox.collect("s-collected", Priority.LATER)
-    assert await client.zscore(index, "s-collected") is None
-    await client.zadd(index, {"s-ghost": 0.0})
-    await inbox.deliver(_envelope("t2", "s-lost"))
-    await client.zrem(index, "s-lost")
-    # When another message arrives for the lost one and the scan runs
-    await inbox.deliver(_envelope("t3", "s-lost"))
-    await asyncio.sleep(0.2)
-    pending = await inbox.pending_sessions(0.1)
-    # Then the lost one is indexed and listed again, and the ghost is gone
-    assert pending == ["s-lost"]
-    assert await client.zscore(index, "s-ghost") is None
-
-
-async def test_pending_index_rescores_a_too_early_score(bundle: RedisBackends) -> None:
-    inbox, client, index = bundle.inbox, bundle.client, bundle.keys.pending_index
-    # Given a fresh message whose index score claims it is ancient
-    await inbox.deliver(_envelope("t1"))
-    await client.zadd(index, {"s1": 0.0})
-    # When sessions older than an hour are asked for
-    pending = await inbox.pending_sessions(3600)
-    # Then it is not listed and its score is its real arrival time again
-    assert pending == []
-    score = await client.zscore(index, "s1")
-    assert score is not None and score > 1.0
-
-
 # --------------------------------------------------------------------------- bounds
 
 
@@ -545,11 +421,11 @@ async def test_unreadable_stream_entries_are_contained(
     # Given a frame bound of 1 KiB, an oversized envelope, a raw entry without the envelope
     # field, and a good message
     monkeypatch.setattr("stickless.wire.MAX_FRAME_BYTES", 1024)
-    big = await bundle.inbox.deliver(_envelope("big", submit_options={"pad": "x" * 4096}))
+    big = await bundle.inbox.deliver(envelope("big", submit_options={"pad": "x" * 4096}))
     raw_stream = bundle.keys.inbox("s1")[int(Priority.NEXT)]
     added = await bundle.client.xadd(raw_stream, {"other": b"\x00"})
     raw_id = added.decode() if isinstance(added, bytes) else added
-    good = await bundle.inbox.deliver(_envelope("good"))
+    good = await bundle.inbox.deliver(envelope("good"))
     # When the session is collected
     batch = await bundle.inbox.collect("s1", Priority.LATER)
     # Then the good one is readable and the other two are unreadable, each logged once
@@ -560,123 +436,3 @@ async def test_unreadable_stream_entries_are_contained(
     assert all(u.turn_id is None for u in batch.unreadable)
     assert "x" * 100 not in caplog.text
     assert await bundle.inbox.is_empty("s1")
-
-
-# --------------------------------------------------------------------------- router
-
-
-async def test_two_routers_forward_over_redis(redis_url: str) -> None:
-    # Given two DISTRIBUTED routers, each with its own bundle on one server
-    journal = Journal()
-    bundles = [RedisBackends.from_url(redis_url, namespace="cluster") for _ in range(2)]
-    routers = [
-        SessionRouter.build(
-            config=RouterConfig(node_id=f"node-{n}", mode=DeploymentMode.DISTRIBUTED, **FAST),
-            opener=ScriptedOpener(journal),
-            backends=bundle,
-        )
-        for n, bundle in enumerate(bundles)
-    ]
-    for router in routers:
-        await router.start()
-    try:
-        # When node-0 runs a turn, then node-1 receives the next one for the same session
-        first = await routers[0].submit(SubmitRequest(session_id="s1", agent_ref="bot", input="a"))
-        await first.result
-        second = await routers[1].submit(SubmitRequest(session_id="s1", agent_ref="bot", input="b"))
-        result = await asyncio.wait_for(second.result, 10)
-        # Then node-1 forwarded it and node-0 ran both turns in order
-        assert first.kind is SubmitKind.EXECUTED_LOCALLY
-        assert second.kind is SubmitKind.FORWARDED
-        assert result.executed_by == routers[0].node_id
-        assert journal.texts("s1") == ["a", "b"]
-    finally:
-        for router in routers:
-            await router.aclose(grace=1.0)
-        for bundle in bundles:
-            await bundle.aclose()
-
-
-# --------------------------------------------------------------------------- holder indexes
-
-
-async def _members(bundle: RedisBackends, index: str) -> set[str]:
-    return {member.decode() for member in await bundle.client.smembers(index)}
-
-
-async def _until_expired(bundle: RedisBackends, session_id: str) -> None:
-    for _ in range(100):
-        if await bundle.leases.current(session_id) is None:
-            return
-        await asyncio.sleep(0.02)
-    pytest.fail(f"the lease of {session_id} did not expire")
-
-
-async def test_holder_lease_index_heals(bundle: RedisBackends) -> None:
-    leases, client = bundle.leases, bundle.client
-    index = bundle.keys.holder_leases("node-a")
-    # Given node-a released one session, lost another to node-b after it expired, re-took a
-    # third after it expired (so its old lease is stale), and its index also lost the member of
-    # a fourth (a crash between script and index write) and holds a ghost and a malformed one
-    released = await leases.acquire("s-released", "node-a", LONG)
-    assert isinstance(released, Lease)
-    assert await leases.release(released)
-    assert "s-released" not in await _members(bundle, index)
-    await leases.acquire("s-lost", "node-a", 0.1)
-    old = await leases.acquire("s-retaken", "node-a", 0.1)
-    assert isinstance(old, Lease)
-    await _until_expired(bundle, "s-lost")
-    await _until_expired(bundle, "s-retaken")
-    taken = await leases.acquire("s-lost", "node-b", LONG)
-    assert isinstance(taken, Lease)
-    await leases.acquire("s-retaken", "node-a", LONG)
-    assert not await leases.release(old)  # a stale lease: the member of the new one stays
-    await leases.acquire("s-unindexed", "node-a", LONG)
-    await client.srem(index, "s-unindexed")
-    await leases.acquire("s-unindexed", "node-a", LONG)  # a refresh indexes it again
-    await client.sadd(index, "s-ghost", "bad{tag}")
-    # When node-a is revoked
-    revoked = await leases.revoke_holder("node-a")
-    # Then only its live leases are revoked, node-b's lease is untouched, and the index is
-    # emptied (revoked and dead members alike)
-    assert sorted(revoked) == ["s-retaken", "s-unindexed"]
-    assert await leases.current("s-lost") == taken
-    assert await client.exists(index) == 0
-    assert await leases.revoke_holder("node-a") == []
-
-
-async def test_holder_reservation_index_heals(bundle: RedisBackends) -> None:
-    idem, client = bundle.idempotency, bundle.client
-    index, stale_index = bundle.keys.holder_reservations("node-a"), bundle.keys.stale_index
-    keys = ("done", "reset", "discarded", "released", "gone", "live")
-    for key in keys:
-        assert await idem.put_if_absent("s1", key, f"t-{key}", "h", "node-a", LONG, DAY) is None
-    assert await _members(bundle, index) == {reservation_member("s1", k, f"t-{k}") for k in keys}
-    # Given reservations finished or given up in every way (their members leave at once), one
-    # whose hash vanished, a member of an older turn, a malformed member, and the live one's
-    # stale-index entry lost (a crash between script and index write)
-    await idem.mark_done("s1", "done", "node-a", Outcome(turn_id="t-done", ok=True), DAY)
-    failed = Outcome(turn_id="t-reset", ok=False, code="HOLDER_LOST")
-    await idem.compare_and_reset("s1", "reset", "node-a", failed)
-    await idem.discard_reservation("s1", "discarded", "t-discarded")
-    await idem.release_holder("s1", "released", "node-a", LONG)
-    live = reservation_member("s1", "live", "t-live")
-    gone = reservation_member("s1", "gone", "t-gone")
-    assert await _members(bundle, index) == {live, gone}
-    await client.delete(bundle.keys.reservation("s1", "gone"))
-    older = reservation_member("s1", "live", "t-older")
-    await client.sadd(index, older, "garbage")
-    await client.zrem(stale_index, live)
-    # When node-a's reservations are expired
-    count = await idem.expire_holder("node-a")
-    # Then only the live one counts, is indexed as stale again and swept, and it is the only
-    # member left
-    assert count == 1
-    assert await _members(bundle, index) == {live}
-    assert [r.key for r in await idem.find_stale_in_flight(10)] == ["live"]
-    # And once the sweep resets it, its member leaves too
-    assert await idem.compare_and_reset(
-        "s1", "live", "node-a", failed.model_copy(update={"turn_id": "t-live"})
-    )
-    assert await client.exists(index) == 0
-    assert await idem.expire_holder("node-a") == 0

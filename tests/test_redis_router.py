@@ -108,17 +108,6 @@ async def test_events_cross_nodes_and_resume_from_the_redis_log(
     ]
 
 
-async def test_delete_over_redis_clears_everything_and_frees_the_session(
-    nodes: list[SessionRouter],
-) -> None:
-    a, b, _ = nodes
-    await (await a.submit(req("s1", "secret", idempotency_key="k"))).result
-    await b.delete_session("s1")
-    assert await a.backends.records.load("s1") is None
-    assert await a.backends.events.read("s1", None, 10) == []
-    assert await a.backends.leases.current("s1") is None
-
-
 async def test_redis_outage_fails_fast_then_the_router_recovers(
     tmp_path: Path, journal: Journal
 ) -> None:

@@ -1,4 +1,5 @@
-"""Submit, forwarding and serialization through the public API on a simulated cluster."""
+"""Submit, forwarding and serialization through the public API on a simulated cluster (forwarding
+over the memory backends and over Redis)."""
 
 from __future__ import annotations
 
@@ -60,18 +61,22 @@ def test_build_requires_exactly_one_of_opener_and_factory(journal: Journal) -> N
         SessionRouter.build(opener=ScriptedOpener(journal), session_factory=lambda s, a: None)
 
 
-async def test_second_node_forwards_to_the_holder(cluster: LocalCluster, journal: Journal) -> None:
-    a, b, _ = cluster.nodes
+async def test_second_node_forwards_to_the_holder(
+    backend_cluster: LocalCluster, journal: Journal
+) -> None:
+    a, b, _ = backend_cluster.nodes
     # Given node A holds the session (its first turn claimed it)
     first = await a.submit(req("s1", "one"))
     await first.result
     # When node B receives the next message for the same session
     second = await b.submit(req("s1", "two"))
-    result = await second.result
-    # Then B forwarded it and A ran it, with the live handle reused (opened once)
+    result = await asyncio.wait_for(second.result, 10)
+    # Then B forwarded it and A ran both turns in order, with the live handle reused (opened
+    # once)
     assert first.kind is SubmitKind.EXECUTED_LOCALLY
     assert second.kind is SubmitKind.FORWARDED
     assert result.executed_by == a.node_id
+    assert journal.texts("s1") == ["one", "two"]
     assert [o[0] for o in journal.opened] == ["s1"]
 
 
@@ -233,7 +238,7 @@ async def test_forward_resolves_from_the_store_when_turn_result_is_missed(
         signals.publish = drop_turn_results  # type: ignore[method-assign]
         # When B forwards a turn to A
         disp = await b.submit(req("s1", "polled"))
-        # Then B still gets the result, from the idempotency store poll (F7)
+        # Then B still gets the result, from its poll of the idempotency store
         result = await asyncio.wait_for(disp.result, 10)
     assert disp.kind is SubmitKind.FORWARDED
     assert result.text == "echo:polled"

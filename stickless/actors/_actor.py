@@ -466,20 +466,19 @@ class SessionActor:
         self.running = None
         self.last_active = asyncio.get_running_loop().time()
         host.actor_state_changed(self.session_id, self.token)
+        # The terminal frame follows the recorded answer, queued just before the answer goes
+        # out (flushed by the relay's dispatcher; nobody waits for that).
         try:
-            announced = await host.complete(work, outcome, commit)
+            announced = await host.complete(work, outcome, commit, lambda _: relay.emit(terminal))
         except FencedOut:
             self.lose_lease()
             outcome, terminal = _failed(
                 work, FailureCode.LEASE_LOST, "commit fenced out", host.node_id
             )
-            announced = await host.complete(work, outcome)
-        # The terminal frame follows the recorded answer: a turn whose answer was decided
-        # elsewhere (this node declared lost) ends with the frame its decider sent, and this
-        # node's hold of the session is in doubt: it hands the session back.
-        if announced is outcome:
-            relay.emit(terminal)  # flushed by its dispatcher; nobody waits for that
-        else:
+            announced = await host.complete(work, outcome, None, lambda _: relay.emit(terminal))
+        if announced is not outcome:
+            # Decided elsewhere (this node was declared lost): the decider sent the turn's
+            # terminal frame, and this node's hold of the session is in doubt.
             relay.close()
             self.lose_lease()
         for joined in running.joined:

@@ -4,7 +4,7 @@ it is stopped."""
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from .._config import RouterConfig
@@ -62,9 +62,14 @@ class ActorHost(Protocol):
     async def deliver_frames(self, session_id: str, frames: Sequence[Event]) -> None: ...
 
     async def complete(
-        self, work: TurnWork, outcome: Outcome, commit: StagedCommit | None = None
+        self,
+        work: TurnWork,
+        outcome: Outcome,
+        commit: StagedCommit | None = None,
+        before_announce: Callable[[Outcome], None] | None = None,
     ) -> Outcome | None:
-        """Record and announce; the outcome announced (None: decided elsewhere or unknown).
+        """Record and announce (calling `before_announce` with an outcome decided here just
+        before); the outcome announced (None: decided elsewhere or unknown).
 
         Raises:
             FencedOut: `commit` is under a lease older than the record's fence.

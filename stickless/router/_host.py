@@ -61,9 +61,13 @@ class NodeActorHost(RouterPart):
         await self._control.deliver_frames(session_id, frames)
 
     async def complete(
-        self, work: TurnWork, outcome: Outcome, commit: StagedCommit | None = None
+        self,
+        work: TurnWork,
+        outcome: Outcome,
+        commit: StagedCommit | None = None,
+        before_announce: Callable[[Outcome], None] | None = None,
     ) -> Outcome | None:
-        return await self._outcomes.complete(work, outcome, commit)
+        return await self._outcomes.complete(work, outcome, commit, before_announce)
 
     async def take_over(self, message: InboundMessage) -> TurnWork | None:
         return await self._outcomes.take_over(message)

@@ -4,6 +4,7 @@ TURN_RESULT, including take-over decisions, unreadable entries and holder-loss a
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from .._errors import FailureCode
 from .._events import Interrupted
@@ -51,7 +52,11 @@ class TurnOutcomes(RouterPart):
         )
 
     async def complete(
-        self, work: TurnWork, outcome: Outcome, commit: StagedCommit | None = None
+        self,
+        work: TurnWork,
+        outcome: Outcome,
+        commit: StagedCommit | None = None,
+        before_announce: Callable[[Outcome], None] | None = None,
     ) -> Outcome | None:
         """Record the outcome (with the turn's transcript entries, in the same atomic step),
         then answer local callers and the rail; returns the outcome announced, or None when the
@@ -66,6 +71,9 @@ class TurnOutcomes(RouterPart):
         A failure that commits nothing and leaves the key free goes out at once when the store
         is out of reach: whatever the store ends up holding for the turn says the same.
 
+        `before_announce(outcome)` runs right before an outcome decided here is announced (the
+        actor queues its terminal frame there, so subscribers get it ahead of the answer).
+
         Raises:
             FencedOut: `commit` is under a lease older than the record's fence (nothing written).
         """
@@ -74,12 +82,16 @@ class TurnOutcomes(RouterPart):
         if recorded is None:
             self._bg.spawn(self._record_later(work, outcome, commit), "mark-done-retry")
             if free:
+                if before_announce is not None:
+                    before_announce(outcome)
                 await self.announce(work.session_id, work.key, outcome)
                 return outcome
             self._callers.resolve(unknown(work.turn_id, self._config.forward_ttl))
             return None
         self._renewer.disown(work.session_id, work.key)
         if recorded:
+            if before_announce is not None:
+                before_announce(outcome)
             await self.announce(work.session_id, work.key, outcome)
             return outcome
         found = await quiet(self._backends.idempotency.find(work.session_id, work.key))

@@ -1,4 +1,4 @@
-"""Revocation contract: the "a peer is known dead" shortcut (DESIGN §7).
+"""Revocation contract: the "a peer is known dead" shortcut of fast failover.
 
 `LeaseStore.revoke_holder` expires a dead holder's leases at once (fencing keeps this safe: the
 token counter is untouched, so the next holder's token is larger and the dead holder's late

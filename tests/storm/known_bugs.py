@@ -1,0 +1,54 @@
+"""Stickless bugs the randomized storms found, one switch each.
+
+While a switch is True, exactly its symptom in a storm is listed as a known-bug hit instead of
+failing the run, and its focused repro (tests/test_storm_findings.py) is marked
+xfail(strict=True), so fixing the bug turns the repro into a pass. The fixed ones stay as
+regression tests with their switch False; set one True only to diagnose a regression.
+"""
+
+from __future__ import annotations
+
+#: (fixed) Between `LocalCluster.kill` severing a node's link and `SessionRouter.kill` failing
+#: its waiters, the node's actors kept running, so a turn finishing in that window answered the
+#: node's own callers -- with a TurnResult although `mark_done` failed and every other caller of
+#: that turn was told HOLDER_LOST, or with FAILED("commit failed") -- instead of
+#: RouterClosedError. While True, such answers are listed, and the checker does not trust
+#: results handed out by a node being killed.
+KILLED_NODE_ANSWERS_BUG = False
+#: (fixed) A caller that attaches to an in-flight turn (same key, same input) waited under
+#: fencing token 0, so any EVICT of the session, even a late one from an older lease, failed it
+#: with EVICTED while the turn ran on and committed. While True, exactly that symptom (an
+#: attached caller told EVICTED about a turn that was not evicted) is listed.
+ATTACHED_EVICT_BUG = False
+#: (open, narrowed) A failing pending-index cleanup no longer loses a collected batch, but when
+#: the take's own reply is lost (the server went down right after running it) the batch is
+#: still gone: the forwarded turn never runs and its caller is answered by its forward deadline
+#: (FORWARD_TIMEOUT) or the holderless reservation's stale sweep, both within forward_ttl.
+#: Closing it needs a two-phase (claim, then acknowledge) collect.
+LOST_COLLECT_BUG = True
+#: (fixed) A submit refused with BackendUnavailableError ("nothing reserved") whose reservation
+#: could not be discarded leaves the key reserved (holderless, IN_FLIGHT) for forward_ttl; the
+#: client's retry with the same key attaches to a turn that was never queued and is answered
+#: FORWARD_TIMEOUT or HOLDER_LOST after forward_ttl. When it is the stale-index write after
+#: `put_if_absent` that failed, the reservation (held by the submitter) is missing from the
+#: index: the holder-loss sweep never resets it, so whoever attached to it before it turned
+#: stale gets FORWARD_TIMEOUT, and it stays IN_FLIGHT up to the primary TTL.
+GHOST_RESERVATION_BUG = False
+#: (fixed) When a live holder's reservation touches lag past the secondary TTL (a starved
+#: renewal thread), another node's holder-loss sweep records the turn HOLDER_LOST; the holder's
+#: turn still commits, its `mark_done` is refused, yet `SessionRouter.complete` answers its own
+#: callers with the TurnResult -- contradicting the store (and the HOLDER_LOST its other callers
+#: got), and letting a retry with the key run the turn again.
+STALE_SUCCESS_BUG = False
+#: (fixed) After its lease is dropped locally (a commit refused by fencing), the session actor
+#: keeps draining its mailbox and answers every queued message LEASE_LOST without running it,
+#: instead of handing it back to the inbox for the new holder.
+FENCED_QUEUE_BUG = False
+#: (fixed) A submit refused with BackendUnavailableError after its inbox entry was written (only
+#: the pending-index write failed) leaves the message queued, unindexed and unannounced: it runs
+#: whenever something else rings the session (or sits there forever).
+REFUSED_BUT_QUEUED_BUG = False
+#: (fixed) A forward whose message reaches the inbox after the holder's release purged it
+#: (between the purge and the EVICT) is failed by that EVICT with EVICTED, while the message
+#: survives, runs under the next lease and commits.
+LATE_DELIVERY_EVICT_BUG = False

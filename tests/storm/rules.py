@@ -1,0 +1,69 @@
+"""What callers of one environment may legitimately be told, for the storms' checker."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from stickless import FailureCode, RouterClosedError, TurnResult
+
+from .records import Call
+
+#: Names of reservations in the idempotency store (client keys / per-turn internal keys).
+CLIENT_KEY, TURN_KEY = "c:", "t:"
+#: Failures that say "this turn committed nothing": a turn's commit and its outcome are one
+#: store write, so a turn answered HOLDER_LOST committed nothing either (a FAILED answer may
+#: report a superseded reservation, so it is not listed).
+NOTHING_COMMITTED = {
+    FailureCode.HOLDER_LOST,
+    FailureCode.INTERRUPTED,
+    FailureCode.SHUTDOWN,
+    FailureCode.EVICTED,
+    FailureCode.LEASE_LOST,
+    FailureCode.NOT_HOLDER,
+}
+#: What a caller may be told where interrupts, releases and crashes happen. FORWARD_TIMEOUT is
+#: not among them: every loss is detected within lease TTL + secondary TTL, far below
+#: forward_ttl, so a forward timing out means a message vanished. UNREADABLE and
+#: CONFLICTING_AGENT cannot occur; FAILED only with a detail the environment's rules allow.
+CHAOS_CODES = frozenset(
+    {
+        FailureCode.HOLDER_LOST,
+        FailureCode.INTERRUPTED,
+        FailureCode.SHUTDOWN,
+        FailureCode.EVICTED,
+        FailureCode.LEASE_LOST,
+        FailureCode.NOT_HOLDER,
+        FailureCode.FAILED,
+    }
+)
+#: Answers after which a committed turn's key may legitimately run again: its holder was lost.
+LOST_HOLDER = {FailureCode.HOLDER_LOST.value, "RouterClosedError"}
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What a caller of one environment may legitimately get."""
+
+    #: Failure codes a caller may get.
+    allowed_codes: frozenset[FailureCode]
+    #: How long a caller waited before its answer counted as hung.
+    answer_within: float
+    #: Whether a FAILED answer's detail is one the run explains.
+    failed_ok: Callable[[str], bool] = lambda detail: False
+    #: What a killed node's submits and controls may raise.
+    killed_may_raise: tuple[type[BaseException], ...] = (RouterClosedError,)
+    #: The text a successful answer carries (None: not checked).
+    answer_text: Callable[[Call], str | None] = lambda call: None
+    #: The node a result names as its executor, as executions name nodes (None: unknown).
+    executor: Callable[[TurnResult], str | None] = lambda result: result.executed_by
+    #: A HOLDER_LOST answer must follow a crash by at most this long (None: not checked).
+    loss_bound: float | None = None
+    #: Nothing but a crash takes a lease away: every execution that returned normally on a
+    #: node never killed is a success, and only a crash excuses a key's second commit.
+    only_crashes_lose_holders: bool = False
+    #: An answer that took this long counts as slow (a diagnostic count, not a bound).
+    slow_after: float = float("inf")
+    #: How long inboxes may take to drain, and reservations to settle, after the run.
+    drain_within: float = 15.0
+    settle_within: float = 10.0
