@@ -209,8 +209,10 @@ class EvictPayload(BaseModel):
 
 
 class YieldPayload(BaseModel):
+    """Ask the holder to end the session (release it, or delete it) on the requester's behalf."""
+
     model_config = _wire()
-    purpose: Literal["handoff", "release"]
+    purpose: Literal["delete", "release"]
     requester: StrictStr
 
 

@@ -4,6 +4,7 @@ delete and EVICT, with the unstarted work of each stopped actor re-queued or ans
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 from .._errors import FailureCode, SessionBusyError
@@ -18,6 +19,10 @@ from ._keys import queued_staleness
 from ._outcomes import TurnOutcomes
 from ._session_part import SessionPart
 from ._sessions import LocalSessions
+
+#: Backoff (seconds) of retaking a session to end it while its holder is asked to.
+_END_POLL_FIRST = 0.01
+_END_POLL_CAP = 0.25
 
 
 class Handover(SessionPart):
@@ -48,13 +53,11 @@ class Handover(SessionPart):
             await self.give_up(actor, reason)
 
     async def give_up(self, actor: SessionActor, reason: StopReason) -> None:
-        """Hand a session back (idle, LRU, shutdown, lost lease, hand-off) without ending it."""
+        """Hand a session back (idle, LRU, shutdown, lost lease) without ending it."""
         lease = actor.lease
         requeued = await self._retire(actor, reason)
         if lease is not None and reason is not StopReason.LEASE_LOST:
             await quiet(self._backends.leases.release(lease))
-        if reason is StopReason.HANDOFF:
-            return  # the requester takes the lease next
         if requeued or await quiet(self._backends.inbox.is_empty(actor.session_id)) is False:
             await self._control.ring_doorbell(actor.session_id, None)
 
@@ -134,65 +137,64 @@ class Handover(SessionPart):
     # ------------------------------------------------------------ ending a session
 
     async def release(self, session_id: str) -> None:
-        """End the session (EVICTED to its queued messages), here or by asking its holder."""
-        async with self._sessions.locks.hold(session_id):
-            lease = await self._holder_lease(session_id)
-            if lease is not None:
-                await self._end_session(session_id, lease, delete=False)
-                return
+        """End the session (EVICTED to its queued messages), keeping its history.
+
+        Raises:
+            SessionBusyError: neither this node nor the holder could end it in time.
+        """
+        await self._end_everywhere(session_id, delete=False)
+
+    async def delete(self, session_id: str) -> None:
+        """End the session and delete its history.
+
+        Raises:
+            SessionBusyError: neither this node nor the holder could end it in time.
+        """
+        await self._end_everywhere(session_id, delete=True)
+
+    async def _end_everywhere(self, session_id: str, *, delete: bool) -> None:
+        """End the session here if this node holds it or can take it; else ask its holder
+        (YIELD, asked again every `interrupt_grace`), which ends it and broadcasts EVICT. A holder
+        that died is outlived: its lease expires within `lease_ttl` and this node takes it.
+
+        The holder does the ending itself, so no other node can claim the session between a
+        hand-over and the ending, and no turn is stopped for an end that does not happen.
+        """
+        config = self._config
+        loop = asyncio.get_running_loop()
+        bound = config.release_interrupt_timeout + config.interrupt_grace + config.lease_ttl
+        deadline = loop.time() + bound
         evicted = asyncio.Event()
         self._evict_waiters.setdefault(session_id, []).append(evicted)
-        await io(
-            self._control.publish(
-                SignalKind.YIELD,
-                session_id,
-                YieldPayload(purpose="release", requester=self._node_id).model_dump(),
-            )
-        )
-        bound = self._config.release_interrupt_timeout + self._config.interrupt_grace
+        payload = YieldPayload(purpose="delete" if delete else "release", requester=self._node_id)
+        next_ask, delay = loop.time(), _END_POLL_FIRST
         try:
-            await asyncio.wait_for(evicted.wait(), bound)
-        except TimeoutError:
-            log.warning("release of %s: no EVICT from the holder within %.1fs", session_id, bound)
+            while not evicted.is_set():
+                async with self._sessions.locks.hold(session_id):
+                    lease = await self._holder_lease(session_id)
+                    if lease is not None:
+                        await self._end_session(session_id, lease, delete=delete)
+                        return
+                now = loop.time()
+                if now >= deadline:
+                    raise SessionBusyError(
+                        f"session {session_id} is held by another node that did not end it "
+                        f"within {bound:.1f}s"
+                    )
+                if now >= next_ask:
+                    await io(
+                        self._control.publish(SignalKind.YIELD, session_id, payload.model_dump())
+                    )
+                    next_ask = now + config.interrupt_grace
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(evicted.wait(), min(delay, max(0.0, deadline - now)))
+                delay = min(delay * 2, _END_POLL_CAP)
         finally:
             waiters = self._evict_waiters.get(session_id)
             if waiters is not None and evicted in waiters:
                 waiters.remove(evicted)
                 if not waiters:
                     del self._evict_waiters[session_id]
-
-    async def delete(self, session_id: str) -> None:
-        """Take the lease (asking the holder to hand it over) and delete the session's history.
-
-        Raises:
-            SessionBusyError: the holder did not hand the session over within
-                `release_interrupt_timeout`.
-        """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._config.release_interrupt_timeout
-        delay = 0.01
-        asked = False
-        while True:
-            async with self._sessions.locks.hold(session_id):
-                lease = await self._holder_lease(session_id)
-                if lease is not None:
-                    await self._end_session(session_id, lease, delete=True)
-                    return
-            if not asked:
-                await io(
-                    self._control.publish(
-                        SignalKind.YIELD,
-                        session_id,
-                        YieldPayload(purpose="handoff", requester=self._node_id).model_dump(),
-                    )
-                )
-                asked = True
-            if loop.time() >= deadline:
-                raise SessionBusyError(
-                    f"session {session_id} is held by another node that did not hand it over"
-                )
-            await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
-            delay = min(delay * 2, 0.25)
 
     async def _holder_lease(self, session_id: str) -> Lease | None:
         """This node's lease on the session (taken if free); None when held elsewhere."""
@@ -237,15 +239,12 @@ class Handover(SessionPart):
         self._apply_evict(session_id, token)
 
     async def on_yield(self, session_id: str, purpose: str) -> None:
-        """Another node asks for the session: release it for them, or hand the lease over."""
+        """Another node asks to end the session: the holder releases or deletes it for them."""
         async with self._sessions.locks.hold(session_id):
             actor = self._sessions.get(session_id)
             if actor is None or actor.lease is None:
                 return
-            if purpose == "release":
-                await self._end_session(session_id, actor.lease, delete=False)
-            else:
-                await self.give_up(actor, StopReason.HANDOFF)
+            await self._end_session(session_id, actor.lease, delete=purpose == "delete")
 
     def _apply_evict(self, session_id: str, token: int) -> None:
         """Node-local consequences of an EVICT: fail forwards, finish subscribers, drop status."""
