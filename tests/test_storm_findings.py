@@ -32,7 +32,7 @@ from stickless import (
 )
 from stickless.backends.base import ReservationState
 from stickless.backends.redis import RedisBackends
-from stickless.backends.redis import _stores as stores
+from stickless.backends.redis import _idempotency as stores
 from stickless.testing import LocalCluster
 from stickless.wire import Outcome
 

@@ -8,15 +8,11 @@ if find_spec("redis") is None:
     )
 
 from ._bundle import RedisBackends, Retention
+from ._eventlog import RedisEventLog
+from ._idempotency import RedisIdempotencyStore
 from ._keys import Keys
 from ._signals import RedisSignalBus, RedisSubscription
-from ._stores import (
-    RedisEventLog,
-    RedisIdempotencyStore,
-    RedisInbox,
-    RedisLeaseStore,
-    RedisRecordStore,
-)
+from ._stores import RedisInbox, RedisLeaseStore, RedisRecordStore
 
 __all__ = [
     "Keys",

@@ -21,16 +21,12 @@ from ..base import (
     RecordStore,
     SignalBus,
 )
+from ._eventlog import RedisEventLog
+from ._idempotency import RedisIdempotencyStore
 from ._keys import Keys
 from ._scripts import Scripts
 from ._signals import RedisSignalBus
-from ._stores import (
-    RedisEventLog,
-    RedisIdempotencyStore,
-    RedisInbox,
-    RedisLeaseStore,
-    RedisRecordStore,
-)
+from ._stores import RedisInbox, RedisLeaseStore, RedisRecordStore
 
 #: Default bound (seconds) of connecting and of waiting for one reply.
 DEFAULT_SOCKET_TIMEOUT = 5.0

@@ -1,0 +1,362 @@
+"""The Redis idempotency store: reservations, their outcomes and the cluster-wide indexes."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from ...wire import (
+    Outcome,
+    pack,
+)
+from ..base import (
+    FencedOut,
+    HolderTakeover,
+    Reservation,
+    ReservationRef,
+    ReservationState,
+    StagedCommit,
+)
+from ._keys import parse_reservation_member, reservation_member
+from ._role import _SCAN_BATCH, _SCAN_ROUNDS, _keep_index, _num, _Role, _text
+from ._scripts import Call, run_batch
+
+logger = logging.getLogger(__name__)
+
+# --------------------------------------------------------------------------- idempotency
+
+
+def _reservation(session_id: str, key: str, reply: Sequence[Any]) -> Reservation:
+    """The public value of a reservation reply (see `reservation_reply` in the Lua prelude)."""
+    turn, input_hash, has_holder, holder, state, touched, stale, outcome = reply[:8]
+    return Reservation(
+        session_id=session_id,
+        key=key,
+        turn_id=_text(turn),
+        input_hash=_text(input_hash),
+        holder=_text(holder) if int(has_holder) else None,
+        state=ReservationState(_text(state)),
+        touched_at=float(touched),
+        stale=bool(int(stale)),
+        outcome=Outcome.decode(outcome) if outcome else None,
+    )
+
+
+class RedisIdempotencyStore(_Role):
+    """One hash per (session, key) with a primary-TTL expiry, plus the stale IN_FLIGHT index and
+    a per-holder index.
+
+    The stale index member names one reservation instance (session, key, turn) and scores a
+    lower bound of its stale deadline: creation writes it, whatever moves the deadline earlier
+    lowers it, a later deadline is left alone (so the renewal tick's touches stay one round
+    trip), and `find_stale_in_flight` rescores what it verifies.
+
+    The holder index (`Keys.holder_reservations`, same members) lists the instances a holder
+    may hold IN_FLIGHT, for `expire_holder`. Its writes ride in the pipeline of the stale-index
+    command each operation already sends after its script, so no round trip is added: creation
+    and `acquire_holder` add, `release_holder`, `mark_done`, `compare_and_reset` and
+    `discard_reservation` remove. It is a superset kept honest by `expire_holder`, which checks
+    each member against its hash and drops dead ones. It expires twice the staleness TTL after
+    the holder's last reservation, take-over or touch (same pipelines): by then every instance
+    it lists is stale anyway, so a dead holder's index goes away by itself.
+    """
+
+    async def put_if_absent(
+        self,
+        session_id: str,
+        key: str,
+        turn_id: str,
+        input_hash: str,
+        holder: str,
+        secondary_ttl: float,
+        primary_ttl: float,
+    ) -> Reservation | None:
+        """Reserve the key unless an IN_FLIGHT or DONE reservation exists (then return it).
+
+        One round trip: the index entries ride in the script's pipeline, written optimistically
+        with score 0 (due at once; the first scan verifies and rescores it to its real deadline,
+        and drops it when the script did not create this instance).
+        """
+        member = reservation_member(session_id, key, turn_id)
+        index = self._keys.holder_reservations(holder)
+        (created, detail), *_ = await run_batch(
+            self._client,
+            [
+                Call(
+                    self._scripts.idem_put,
+                    [self._keys.reservation(session_id, key)],
+                    [turn_id, input_hash, holder, _num(secondary_ttl), _num(primary_ttl)],
+                ),
+                Call(None, ["ZADD", self._keys.stale_index, "LT", "0", member]),
+                Call(None, ["SADD", index, member]),
+                *_keep_index(index, secondary_ttl),
+            ],
+        )
+        if not int(created):
+            return _reservation(session_id, key, detail)
+        return None
+
+    async def touch_many(self, refs: Sequence[ReservationRef], secondary_ttl: float) -> None:
+        """Push the staleness deadline of each reservation still held by its ref (one trip; a
+        second only for deadlines a shorter TTL moved earlier, which the index must follow)."""
+        calls = [
+            Call(
+                self._scripts.idem_touch,
+                [self._keys.reservation(ref.session_id, ref.key)],
+                [ref.holder, _num(secondary_ttl)],
+            )
+            for ref in refs
+        ]
+        for holder in dict.fromkeys(ref.holder for ref in refs):
+            calls.extend(_keep_index(self._keys.holder_reservations(holder), secondary_ttl))
+        replies = (await run_batch(self._client, calls))[: len(refs)]
+        lowered = {
+            reservation_member(ref.session_id, ref.key, _text(reply[1])): float(reply[2])
+            for ref, reply in zip(refs, replies, strict=True)
+            if int(reply[0])
+        }
+        if lowered:
+            await self._client.zadd(self._keys.stale_index, lowered, lt=True)
+
+    async def acquire_holder(
+        self, session_id: str, key: str, turn_id: str, holder: str, secondary_ttl: float
+    ) -> HolderTakeover:
+        """WON when the reservation was IN_FLIGHT, holderless and for `turn_id`; else REJECTED.
+
+        One round trip: the take-over shortens the staleness deadline, so the index entry is
+        lowered (optimistically to 0: the scan rescores it) in the script's pipeline, with the
+        holder-index add (dropped by `expire_holder` when the take-over was refused).
+        """
+        member = reservation_member(session_id, key, turn_id)
+        index = self._keys.holder_reservations(holder)
+        reply, *_ = await run_batch(
+            self._client,
+            [
+                Call(
+                    self._scripts.idem_acquire,
+                    [self._keys.reservation(session_id, key)],
+                    [holder, _num(secondary_ttl), turn_id],
+                ),
+                Call(None, ["ZADD", self._keys.stale_index, "LT", "0", member]),
+                Call(None, ["SADD", index, member]),
+                *_keep_index(index, secondary_ttl),
+            ],
+        )
+        return HolderTakeover.WON if int(reply[0]) else HolderTakeover.REJECTED
+
+    async def release_holder(
+        self, session_id: str, key: str, holder: str, forward_ttl: float
+    ) -> bool:
+        """Make an IN_FLIGHT reservation held by `holder` holderless, stale after `forward_ttl`.
+
+        The later deadline is left to the scan (the index score stays a lower bound); the
+        holder-index removal follows in a second command only when the release happened.
+        """
+        reply = await self._scripts.idem_release(
+            keys=[self._keys.reservation(session_id, key)], args=[holder, _num(forward_ttl)]
+        )
+        if not int(reply[0]):
+            return False
+        member = reservation_member(session_id, key, _text(reply[1]))
+        await self._client.srem(self._keys.holder_reservations(holder), member)
+        return True
+
+    async def mark_done(
+        self,
+        session_id: str,
+        key: str,
+        holder: str,
+        outcome: Outcome,
+        primary_ttl: float,
+        commit: StagedCommit | None = None,
+    ) -> bool:
+        """Store the outcome (DONE when final, else FAILED), with `commit`'s entries appended to
+        the transcript in the same script, if IN_FLIGHT for its turn and held by `holder` or
+        nobody (a rerun finding its own outcome succeeds without writing).
+
+        One round trip: the index removals ride in the script's pipeline; when the script
+        refuses (the instance is someone else's or already finished) the stale-index entry is
+        put back as due, for the scan to verify.
+        """
+        state = ReservationState.DONE if outcome.final else ReservationState.FAILED
+        member = reservation_member(session_id, key, outcome.turn_id)
+        staged: list[str | bytes] = [""]
+        if commit is not None:
+            entries = commit.committed(outcome.turn_id)
+            staged = [str(commit.token), *(pack(e.model_dump(mode="python")) for e in entries)]
+        keys = self._keys
+        reply, _, _ = await run_batch(
+            self._client,
+            [
+                Call(
+                    self._scripts.idem_mark_done,
+                    [
+                        keys.reservation(session_id, key),
+                        keys.record(session_id),
+                        keys.transcript(session_id),
+                    ],
+                    [
+                        holder,
+                        outcome.turn_id,
+                        state.value,
+                        outcome.encode(),
+                        _num(primary_ttl),
+                        *staged,
+                    ],
+                ),
+                Call(None, ["ZREM", self._keys.stale_index, member]),
+                Call(None, ["SREM", self._keys.holder_reservations(holder), member]),
+            ],
+        )
+        result = int(reply[0])
+        if result == 1:
+            return True
+        await self._client.zadd(self._keys.stale_index, {member: 0})
+        if result == 2:
+            fence = _text(reply[1])
+            if not fence:
+                raise FencedOut(f"session {session_id} has no record")
+            raise FencedOut(f"token {commit and commit.token} is older than fence {fence}")
+        return False
+
+    async def compare_and_reset(
+        self, session_id: str, key: str, expected_holder: str | None, outcome: Outcome
+    ) -> bool:
+        """Record `outcome` (DONE when final, else FAILED) if IN_FLIGHT for its turn and held
+        by `expected_holder`."""
+        reply = await self._scripts.idem_reset(
+            keys=[self._keys.reservation(session_id, key)],
+            args=[
+                "0" if expected_holder is None else "1",
+                expected_holder or "",
+                outcome.encode(),
+                outcome.turn_id,
+                (ReservationState.DONE if outcome.final else ReservationState.FAILED).value,
+            ],
+        )
+        if not int(reply[0]):
+            return False
+        await self._unindex(session_id, key, _text(reply[1]), expected_holder)
+        return True
+
+    async def discard_reservation(self, session_id: str, key: str, turn_id: str) -> bool:
+        """Delete an IN_FLIGHT reservation made for `turn_id`."""
+        reply = await self._scripts.idem_discard(
+            keys=[self._keys.reservation(session_id, key)], args=[turn_id]
+        )
+        if not int(reply[0]):
+            return False
+        await self._unindex(session_id, key, turn_id, _text(reply[1]) or None)
+        return True
+
+    async def _unindex(self, session_id: str, key: str, turn_id: str, holder: str | None) -> None:
+        """Drop a finished instance from the stale index and, in the same pipeline, from its
+        holder's index (the scans drop it if this is lost)."""
+        member = reservation_member(session_id, key, turn_id)
+        calls = [Call(None, ["ZREM", self._keys.stale_index, member])]
+        if holder is not None:
+            calls.append(Call(None, ["SREM", self._keys.holder_reservations(holder), member]))
+        await run_batch(self._client, calls)
+
+    async def find_stale_in_flight(self, limit: int) -> list[Reservation]:
+        """Up to `limit` IN_FLIGHT reservations past their staleness deadline, oldest first.
+
+        Each index candidate is verified against its hash: a finished, replaced or expired
+        instance is dropped, a live one not yet stale is rescored to its real deadline.
+        """
+        if limit <= 0:
+            return []
+        keys, scripts = self._keys, self._scripts
+        found: dict[str, tuple[float, Reservation]] = {}
+        offset = 0
+        for _ in range(_SCAN_ROUNDS):
+            _, _, hits = await scripts.index_due(
+                keys=[keys.stale_index], args=["0", offset, _SCAN_BATCH]
+            )
+            candidates: list[tuple[str, str, tuple[str, str, str] | None]] = []
+            for i in range(0, len(hits), 2):
+                member = _text(hits[i])
+                try:
+                    address: tuple[str, str, str] | None = parse_reservation_member(member)
+                except ValueError:
+                    address = None
+                candidates.append((member, _text(hits[i + 1]), address))
+            views = await run_batch(
+                self._client,
+                [
+                    Call(scripts.idem_find, [keys.reservation(a[0], a[1])])
+                    for _, _, a in candidates
+                    if a is not None
+                ],
+            )
+            replies = iter(views)
+            repairs: list[Call] = []
+            for member, score, address in candidates:
+                reply = None if address is None else next(replies)
+                if address is None or reply is None or _text(reply[0]) != address[2]:
+                    repairs.append(Call(None, ["ZREM", keys.stale_index, member]))
+                    continue
+                view = _reservation(address[0], address[1], reply)
+                if view.state is not ReservationState.IN_FLIGHT:
+                    repairs.append(Call(None, ["ZREM", keys.stale_index, member]))
+                elif view.stale:
+                    found[member] = (float(reply[8]), view)
+                else:
+                    repairs.append(
+                        Call(scripts.index_rescore, [keys.stale_index], [member, score, reply[8]])
+                    )
+            # Entries a repair could not move are still in range: skip them next round.
+            offset = len(found) + sum(not done for done in await run_batch(self._client, repairs))
+            if len(found) >= limit or len(candidates) < _SCAN_BATCH:
+                break
+        ordered = sorted(found.values(), key=lambda item: item[0])
+        return [reservation for _, reservation in ordered[:limit]]
+
+    async def expire_holder(self, holder: str) -> int:
+        """Move the staleness deadline of each IN_FLIGHT reservation of `holder` not yet stale to
+        just before now (server clock); return how many moved.
+
+        Round trips: one to read the holder index, then two per `_SCAN_BATCH` members: the
+        verifying scripts, then one pipeline lowering the stale-index scores (so the sweep sees
+        them at once; already stale ones are lowered too, which heals a lost write) and dropping
+        dead members from the holder index.
+        """
+        keys, scripts = self._keys, self._scripts
+        index = keys.holder_reservations(holder)
+        members = sorted(_text(member) for member in await self._client.smembers(index))
+        expired = 0
+        for start in range(0, len(members), _SCAN_BATCH):
+            dead: list[str] = []
+            checked: list[tuple[str, Call]] = []
+            for member in members[start : start + _SCAN_BATCH]:
+                try:
+                    session_id, key, turn_id = parse_reservation_member(member)
+                    reservation_key = keys.reservation(session_id, key)
+                except ValueError:
+                    dead.append(member)
+                    continue
+                checked.append(
+                    (member, Call(scripts.idem_expire, [reservation_key], [holder, turn_id]))
+                )
+            replies = await run_batch(self._client, [call for _, call in checked])
+            lowered: list[Any] = []
+            for (member, _), reply in zip(checked, replies, strict=True):
+                if not int(reply[0]):
+                    dead.append(member)
+                    continue
+                if int(reply[0]) == 1:
+                    expired += 1
+                lowered.extend((reply[1], member))
+            repairs: list[Call] = []
+            if lowered:
+                repairs.append(Call(None, ["ZADD", keys.stale_index, "LT", *lowered]))
+            if dead:
+                repairs.append(Call(None, ["SREM", index, *dead]))
+            await run_batch(self._client, repairs)
+        return expired
+
+    async def find(self, session_id: str, key: str) -> Reservation | None:
+        """The reservation, or None when missing or past its primary TTL."""
+        reply = await self._scripts.idem_find(keys=[self._keys.reservation(session_id, key)])
+        return None if reply is None else _reservation(session_id, key, reply)
