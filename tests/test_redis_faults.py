@@ -115,3 +115,32 @@ async def test_holder_lost_means_nothing_committed_even_when_the_commit_was_held
     retry = await survivor.submit(req("s1", "held", idempotency_key="k"))
     assert (await retry.result).text == "echo:held"
     assert await _entries(survivor, "s1") == [*warm, "held", "echo:held"]
+
+
+async def test_a_forward_whose_answer_was_missed_while_resubscribing_is_answered_at_once(
+    start: Start, fault_proxy: FaultProxy, redis_url: str, journal: Journal
+) -> None:
+    # The store poll runs every secondary_ttl / 2 = 15 s: an answer from the poll would come
+    # long after the hang guard below.
+    slow_poll = dict(idempotency_secondary_ttl=30.0, lease_ttl=20.0, lease_extend_interval=5.0)
+    holder = await start(redis_url, **slow_poll)
+    submitter = await start(fault_proxy.url(), **slow_poll)
+    await (await holder.submit(req("s1", "warm up"))).result
+    gate = journal.gate("long")
+    # Given a forwarded turn running on the holder
+    forwarded = await submitter.submit(req("s1", "long"))
+    await journal.entered["long"].wait()
+    # When the submitter's connections drop and stay down while the turn's answer goes out
+    fault_proxy.refuse_new(True)
+    fault_proxy.reset_all()
+    gate.set()
+    key = f"t:{forwarded.turn_id}"
+
+    async def recorded() -> bool:
+        found = await holder.backends.idempotency.find("s1", key)
+        return found is not None and found.outcome is not None
+
+    await wait_until(recorded)  # (its TURN_RESULT goes out right after: nobody hears it)
+    fault_proxy.refuse_new(False)
+    # Then, once resubscribed, the submitter checks its pending forwards and answers at once
+    assert (await asyncio.wait_for(forwarded.result, 10.0)).text == "echo:long"

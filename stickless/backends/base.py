@@ -288,8 +288,12 @@ class SignalBus(Protocol):
         """Publish several signals in one round trip, in order."""
         ...
 
-    async def subscribe(self, handler: SignalHandler) -> Subscription:
-        """Receive every control-channel signal (all kinds but EVENT)."""
+    async def subscribe(
+        self, handler: SignalHandler, on_resubscribed: Callable[[], None] | None = None
+    ) -> Subscription:
+        """Receive every control-channel signal (all kinds but EVENT). `on_resubscribed` is
+        called each time the subscription is live again after its connection was lost: signals
+        sent meanwhile were missed, and whatever waits on one should look for itself."""
         ...
 
     async def subscribe_events(self, session_id: str, handler: SignalHandler) -> None:

@@ -37,10 +37,13 @@ class ControlChannel(RouterPart):
         self._hub = SubscriberHub()
         self._event_channels: dict[str, asyncio.Future[None]] = {}
 
-    async def open(self, handlers: Mapping[SignalKind, SignalHandler]) -> None:
-        """Subscribe to the control channel; each known signal kind goes to its handler."""
+    async def open(
+        self, handlers: Mapping[SignalKind, SignalHandler], on_resubscribed: Callable[[], None]
+    ) -> None:
+        """Subscribe to the control channel; each known signal kind goes to its handler, and
+        `on_resubscribed` runs when the channel is back after a lost connection."""
         self._handlers = handlers
-        self._control = await self._backends.signals.subscribe(self._on_signal)
+        self._control = await self._backends.signals.subscribe(self._on_signal, on_resubscribed)
 
     async def close(self) -> None:
         """Leave every event channel and the control channel (best effort)."""

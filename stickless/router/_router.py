@@ -181,7 +181,7 @@ class SessionRouter:
         if self._started:
             return
         self._loop = asyncio.get_running_loop()
-        await self._control.open(self._signal_handlers())
+        await self._control.open(self._signal_handlers(), self._resubscribed)
         self._started = True
         self._renewer.start()
         self._sweeps.start()
@@ -344,6 +344,12 @@ class SessionRouter:
         if self._board.changed(actor.session_id) and self._loop is not None:
             self._status_flush = self._loop.call_later(STATUS_COALESCE, self._flush_status)
         self._handover.settled(actor)
+
+    def _resubscribed(self) -> None:
+        """Signals were missed while the control channel was down: every pending forward looks
+        for its answer in the store now (not at the next poll)."""
+        if not self._bg.closed:
+            self._bg.spawn(self._sweeps.poll_forwards(), "resubscribed")
 
     def _forward_expired(self, forward: Forward) -> None:
         self._bg.spawn(self._sweeps.withdraw(forward), "withdraw")

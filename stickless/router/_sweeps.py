@@ -87,8 +87,12 @@ class Sweeps(SessionPart):
 
     async def _forward_poll_loop(self) -> None:
         while await self._bg.pause(self._config.forward_poll_interval):
-            for forward in self._callers.forwards():
-                await self._poll_forward(forward)
+            await self.poll_forwards()
+
+    async def poll_forwards(self) -> None:
+        """Look up every pending forward's answer in the store (and re-ring orphaned inboxes)."""
+        for forward in self._callers.forwards():
+            await self._poll_forward(forward)
 
     async def _poll_forward(self, forward: Forward) -> None:
         """Deadline first, then the store's answer, then re-ring an orphaned inbox."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ...wire import EVENT_CHANNEL_KINDS, Signal, WireError
 from ..base import SignalHandler, Subscription
@@ -126,8 +126,11 @@ class MemorySignalBus:
         with self._link.open() as state:
             _fan_out_locked(state, data, session_id)
 
-    async def subscribe(self, handler: SignalHandler) -> Subscription:
-        """Receive every control-channel signal on the calling loop."""
+    async def subscribe(
+        self, handler: SignalHandler, on_resubscribed: Callable[[], None] | None = None
+    ) -> Subscription:
+        """Receive every control-channel signal on the calling loop (a link never loses a
+        subscription it keeps, so `on_resubscribed` is never called)."""
         with self._link.open() as state:
             return MemorySubscription(state, self._link, handler)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
@@ -30,10 +30,18 @@ _KEEPALIVE = 10.0
 class RedisSubscription:
     """One subscription: an ordered queue drained by one consumer task awaiting the handler."""
 
-    def __init__(self, bus: RedisSignalBus, channel: str, handler: SignalHandler) -> None:
+    def __init__(
+        self,
+        bus: RedisSignalBus,
+        channel: str,
+        handler: SignalHandler,
+        on_resubscribed: Callable[[], None] | None = None,
+    ) -> None:
         self._bus = bus
         self.channel = channel
         self._handler = handler
+        #: Called when the channel is confirmed again on a new connection (see `subscribe`).
+        self.on_resubscribed = on_resubscribed
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         self._closed = False
         self._task = asyncio.get_running_loop().create_task(self._consume())
@@ -104,6 +112,8 @@ class RedisSignalBus:
         self._live: set[str] = set()
         self._sent: dict[str, int] = {}
         self._acked: dict[str, int] = {}
+        #: Connections the reader has made; past the first, a confirmation is a resubscription.
+        self._connections = 0
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._reader: asyncio.Task[None] | None = None
         #: Set by a new subscription to cut the reader's reconnect backoff short.
@@ -142,9 +152,12 @@ class RedisSignalBus:
 
     # ------------------------------------------------------------ subscribing
 
-    async def subscribe(self, handler: SignalHandler) -> Subscription:
-        """Receive every control-channel signal on the calling loop."""
-        sub = RedisSubscription(self, self._keys.control_channel, handler)
+    async def subscribe(
+        self, handler: SignalHandler, on_resubscribed: Callable[[], None] | None = None
+    ) -> Subscription:
+        """Receive every control-channel signal on the calling loop; `on_resubscribed` runs
+        each time the channel is confirmed on a new connection after a lost one."""
+        sub = RedisSubscription(self, self._keys.control_channel, handler, on_resubscribed)
         await self._attach(sub)
         return sub
 
@@ -262,6 +275,7 @@ class RedisSignalBus:
             try:
                 await pubsub.ping()
                 channels = list(self._subs)
+                self._connections += 1
                 self._pubsub = pubsub
                 self._live = set(channels)
                 self._sent = dict.fromkeys(channels, 1)
@@ -322,11 +336,23 @@ class RedisSignalBus:
                 for waiter in self._waiters.get(channel, []):
                     if not waiter.done():
                         waiter.set_result(None)
+                if self._connections > 1 and self._acked[channel] == 1:
+                    self._resubscribed(channel)
         elif kind == "message":
             data = message.get("data")
             if isinstance(data, bytes):
                 for sub in list(self._subs.get(channel, ())):
                     sub.offer(data)
+
+    def _resubscribed(self, channel: str) -> None:
+        """A reconnection confirmed `channel` again: tell its subscriptions (signals sent while
+        the connection was down are gone)."""
+        for sub in list(self._subs.get(channel, ())):
+            if sub.on_resubscribed is not None:
+                try:
+                    sub.on_resubscribed()
+                except Exception:
+                    logger.exception("resubscription hook of %s failed", channel)
 
     # ------------------------------------------------------------ lifecycle
 
