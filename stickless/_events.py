@@ -9,6 +9,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    StrictInt,
     StrictStr,
     TypeAdapter,
     field_validator,
@@ -34,9 +35,18 @@ class _TerminalFrame(_Frame):
     executed_by: StrictStr = ""
 
 
+#: The seq of a terminal frame another node sends for a turn it declared lost: above any seq the
+#: turn's own relay gives, so it still orders after the turn's frames.
+LATE_TERMINAL_SEQ = 2**31 - 1
+
+
 class TurnStarted(_Frame):
     type: Literal["turn_started"] = "turn_started"
     executed_by: StrictStr = ""
+    #: Fencing token of the lease the turn runs under. Turns start in token order, so a turn
+    #: started under a newer token tells a reader that any turn of an older one still open
+    #: (its holder lost, its late terminal frame not read yet) had ended before it.
+    token: StrictInt = 0
 
 
 class TextDelta(_Frame):

@@ -449,7 +449,7 @@ class SessionActor:
         running = RunningTurn(work=work, context=context, relay=relay)
         self.running = running
         host.actor_state_changed(self.session_id, self.token)
-        relay.emit(TurnStarted(executed_by=host.node_id))
+        relay.emit(TurnStarted(executed_by=host.node_id, token=self.token))
         task: asyncio.Task[TurnOutput] = asyncio.get_running_loop().create_task(
             handle.run_turn(context), name=f"turn:{self.session_id}:{work.turn_id}"
         )

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Callable
 
 from .._errors import FailureCode
-from .._events import Interrupted
+from .._events import LATE_TERMINAL_SEQ, Interrupted
 from ..actors import Takeover, TurnWork
 from ..backends.base import (
     FencedOut,
@@ -268,7 +268,7 @@ class TurnOutcomes(RouterPart):
         frame = Interrupted(
             session_id=stale.session_id,
             turn_id=stale.turn_id,
-            seq=0,
+            seq=LATE_TERMINAL_SEQ,
             reason=FailureCode.HOLDER_LOST.value,
             executed_by=stale.holder or "",
         )
