@@ -13,12 +13,8 @@ from ..backends.base import Lease
 from ..wire import EvictPayload, Outcome, SignalKind, YieldPayload
 from ._background import io, log, quiet
 from ._callers import Forward
-from ._context import NodeContext
-from ._control import ControlChannel
 from ._keys import queued_staleness
-from ._outcomes import TurnOutcomes
 from ._session_part import SessionPart
-from ._sessions import LocalSessions
 
 #: Backoff (seconds) of retaking a session to end it while its holder is asked to.
 _END_POLL_FIRST = 0.01
@@ -28,14 +24,7 @@ _END_POLL_CAP = 0.25
 class Handover(SessionPart):
     """Stops actors and hands their sessions back to the cluster, or ends the sessions."""
 
-    def __init__(
-        self,
-        ctx: NodeContext,
-        sessions: LocalSessions,
-        outcomes: TurnOutcomes,
-        control: ControlChannel,
-    ) -> None:
-        super().__init__(ctx, sessions, outcomes, control)
+    def _init_part(self) -> None:
         self._evict_waiters: dict[str, list[asyncio.Event]] = {}
 
     # ------------------------------------------------------------ giving a session back

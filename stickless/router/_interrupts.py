@@ -10,24 +10,13 @@ from .._errors import FailureCode
 from .._events import Interrupted
 from ..wire import InterruptAckPayload, InterruptPayload, Outcome, Signal, SignalKind
 from ._background import io, quiet
-from ._context import NodeContext
-from ._control import ControlChannel
-from ._outcomes import TurnOutcomes
 from ._session_part import SessionPart
-from ._sessions import LocalSessions
 
 
 class Interrupts(SessionPart):
     """Acts on interrupts here and on INTERRUPT signals from other nodes."""
 
-    def __init__(
-        self,
-        ctx: NodeContext,
-        sessions: LocalSessions,
-        outcomes: TurnOutcomes,
-        control: ControlChannel,
-    ) -> None:
-        super().__init__(ctx, sessions, outcomes, control)
+    def _init_part(self) -> None:
         self._acks: dict[str, asyncio.Future[None]] = {}
 
     async def interrupt(self, session_id: str, reason: str, turn_id: str | None) -> bool:

@@ -22,3 +22,7 @@ class SessionPart(RouterPart):
         self._sessions = sessions
         self._outcomes = outcomes
         self._control = control
+        self._init_part()
+
+    def _init_part(self) -> None:
+        """Set up the part's own state (a part that keeps some overrides this)."""

@@ -23,12 +23,8 @@ from ..backends.base import Reservation, ReservationState
 from ._api import SubmitDisposition, SubmitKind
 from ._background import io, quiet
 from ._callers import Forward, settle
-from ._context import NodeContext
-from ._control import ControlChannel
 from ._keys import primary_ttl, queued_staleness, reservation_key
-from ._outcomes import TurnOutcomes
 from ._session_part import SessionPart
-from ._sessions import LocalSessions
 
 #: Token of a forward whose lease is unknown: larger than any real token, so no EVICT fails it.
 _UNKNOWN_TOKEN = 2**62
@@ -65,14 +61,7 @@ def classify(existing: Reservation | None, input_hash: str, refused_turn_id: str
 class Submitter(SessionPart):
     """Turns a request into a running (or followed, or answered) turn."""
 
-    def __init__(
-        self,
-        ctx: NodeContext,
-        sessions: LocalSessions,
-        outcomes: TurnOutcomes,
-        control: ControlChannel,
-    ) -> None:
-        super().__init__(ctx, sessions, outcomes, control)
+    def _init_part(self) -> None:
         #: Reservations of this node's refused submits whose removal is still being retried.
         self._refused: dict[tuple[str, str], str] = {}
 
