@@ -16,7 +16,7 @@ from pydantic import (
 )
 
 from ._errors import FailureCode
-from ._types import PrimitiveMap
+from ._types import PrimitiveMap, WireStr
 
 
 class _Frame(BaseModel):
@@ -32,7 +32,7 @@ class _Frame(BaseModel):
 class _TerminalFrame(_Frame):
     """A frame that ends its turn; it names the node that ran the turn (or decided its end)."""
 
-    executed_by: StrictStr = ""
+    executed_by: WireStr = ""
 
 
 #: The seq of a terminal frame another node sends for a turn it declared lost: above any seq the
@@ -42,7 +42,7 @@ LATE_TERMINAL_SEQ = 2**31 - 1
 
 class TurnStarted(_Frame):
     type: Literal["turn_started"] = "turn_started"
-    executed_by: StrictStr = ""
+    executed_by: WireStr = ""
     #: Fencing token of the lease the turn runs under. Turns start in token order, so a turn
     #: started under a newer token tells a reader that any turn of an older one still open
     #: (its holder lost, its late terminal frame not read yet) had ended before it.
@@ -51,44 +51,44 @@ class TurnStarted(_Frame):
 
 class TextDelta(_Frame):
     type: Literal["text_delta"] = "text_delta"
-    text: StrictStr
+    text: WireStr
 
 
 class ReasoningDelta(_Frame):
     type: Literal["reasoning_delta"] = "reasoning_delta"
-    text: StrictStr
+    text: WireStr
 
 
 class ToolUseStarted(_Frame):
     type: Literal["tool_use_started"] = "tool_use_started"
-    tool_use_id: StrictStr
-    name: StrictStr
+    tool_use_id: WireStr
+    name: WireStr
     input_summary: PrimitiveMap = Field(default_factory=dict)
 
 
 class ToolUseFinished(_Frame):
     type: Literal["tool_use_finished"] = "tool_use_finished"
-    tool_use_id: StrictStr
-    name: StrictStr
+    tool_use_id: WireStr
+    name: WireStr
     ok: StrictBool = True
-    output_summary: StrictStr = ""
+    output_summary: WireStr = ""
 
 
 class MessageCompleted(_Frame):
     type: Literal["message_completed"] = "message_completed"
-    text: StrictStr
+    text: WireStr
 
 
 class TurnCompleted(_TerminalFrame):
     type: Literal["turn_completed"] = "turn_completed"
-    text: StrictStr = ""
+    text: WireStr = ""
     data: PrimitiveMap = Field(default_factory=dict)
 
 
 class TurnFailed(_TerminalFrame):
     type: Literal["turn_failed"] = "turn_failed"
     code: FailureCode = FailureCode.FAILED
-    message: StrictStr = ""
+    message: WireStr = ""
 
     @field_validator("code", mode="before")
     @classmethod
@@ -99,13 +99,13 @@ class TurnFailed(_TerminalFrame):
 
 class Interrupted(_TerminalFrame):
     type: Literal["interrupted"] = "interrupted"
-    reason: StrictStr
+    reason: WireStr
 
 
 class Rejected(_TerminalFrame):
     type: Literal["rejected"] = "rejected"
-    reason: StrictStr
-    message: StrictStr = ""
+    reason: WireStr
+    message: WireStr = ""
 
 
 Event = Annotated[

@@ -437,3 +437,15 @@ def test_config_accepts_the_timings_the_tests_and_demos_use() -> None:
         RouterConfig(**timings)
     RouterConfig(lease_extend_interval=10, watchdog_timeout=1.5)
     RouterConfig(max_input_bytes=16 * 1024 * 1024)
+
+
+async def test_an_interrupt_reason_that_cannot_travel_is_refused() -> None:
+    from stickless import InvalidRequestError
+    from stickless.testing import LocalCluster
+
+    from .agents import Journal, ScriptedOpener
+
+    async with LocalCluster(1, opener=ScriptedOpener(Journal())) as cluster:
+        for reason in ("", "\ud800", "x" * 201):
+            with pytest.raises(InvalidRequestError, match="reason"):
+                await cluster.nodes[0].interrupt("s1", reason=reason)

@@ -576,5 +576,6 @@ def _failure(work: TurnWork, code: FailureCode, message: str, node: str) -> Outc
 
 
 def _failed(work: TurnWork, code: FailureCode, message: str, node: str) -> tuple[Outcome, Event]:
-    frame = TurnFailed(code=code, message=message, executed_by=node)
-    return _failure(work, code, message, node), frame
+    outcome = _failure(work, code, message, node)
+    # The outcome's message is already made safe for the wire (see Outcome.message).
+    return outcome, TurnFailed(code=code, message=outcome.message, executed_by=node)

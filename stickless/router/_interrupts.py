@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from .._errors import FailureCode
+from .._errors import FailureCode, InvalidRequestError
 from .._events import Interrupted
 from ..wire import InterruptAckPayload, InterruptPayload, Outcome, Signal, SignalKind
 from ._background import io, quiet
 from ._session_part import SessionPart
+
+#: Longest interrupt reason accepted.
+_MAX_REASON = 200
 
 
 class Interrupts(SessionPart):
@@ -24,8 +27,10 @@ class Interrupts(SessionPart):
         answered within `interrupt_grace`) interrupted or cancelled something.
 
         Raises:
+            InvalidRequestError: `reason` is not 1-200 characters of valid UTF-8.
             BackendUnavailableError: the INTERRUPT could not be published.
         """
+        _check_reason(reason)
         acted = await self._act(session_id, reason, turn_id)
         request_id = uuid.uuid4().hex
         ack = asyncio.get_running_loop().create_future()
@@ -96,3 +101,15 @@ class Interrupts(SessionPart):
         await self._control.deliver_frames(session_id, [frame])
         await self._outcomes.announce(session_id, forward.key, cancelled)
         return True
+
+
+def _check_reason(reason: str) -> None:
+    """Raises: InvalidRequestError when the reason cannot travel in a signal and a frame."""
+    valid = isinstance(reason, str) and 0 < len(reason) <= _MAX_REASON
+    if valid:
+        try:
+            reason.encode()
+        except UnicodeEncodeError:
+            valid = False
+    if not valid:
+        raise InvalidRequestError(f"reason: must be 1-{_MAX_REASON} characters of valid UTF-8")
