@@ -91,9 +91,12 @@ class NodeProcess:
         log_dir: Path,
         opener: str = "tests.mp_agent:make_opener",
         grace: float = 2.0,
+        log_url: str | None = None,
     ) -> None:
         self.node_id = node_id
         self.redis_url = redis_url
+        #: The server of the agent's turn log and gates (default: the node's own `redis_url`).
+        self.log_url = log_url or redis_url
         self.namespace = namespace
         self.config = config
         self.log_path = log_dir / f"{node_id.replace('/', '_')}.log"
@@ -130,7 +133,7 @@ class NodeProcess:
         """
         env = {
             **os.environ,
-            ENV_REDIS: self.redis_url,
+            ENV_REDIS: self.log_url,
             ENV_NODE: self.node_id,
             "PYTHONPATH": os.pathsep.join(
                 p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
@@ -246,9 +249,14 @@ class MpCluster:
         nodes: int = 3,
         namespace: str | None = None,
         grace: float = 2.0,
+        node_url: Callable[[str], str] | None = None,
         **config: Any,
     ) -> None:
+        """`node_url(node_id)`: the Redis URL a new node process connects to (default
+        `redis_url`, e.g. a fault proxy of its own); the agent's log and the test's own
+        clients always use `redis_url`."""
         self.redis_url = redis_url
+        self.node_url = node_url
         self.log_dir = log_dir
         self.size = nodes
         self.namespace = namespace or f"mp{uuid.uuid4().hex[:8]}"
@@ -280,13 +288,15 @@ class MpCluster:
     async def add_node(self) -> NodeProcess:
         """Start one more node process under a fresh node id."""
         self._incarnations += 1
+        node_id = f"node-{self._incarnations}"
         node = NodeProcess(
-            f"node-{self._incarnations}",
-            self.redis_url,
+            node_id,
+            self.node_url(node_id) if self.node_url is not None else self.redis_url,
             self.namespace,
             self.config,
             self.log_dir,
             grace=self.grace,
+            log_url=self.redis_url,
         )
         self.nodes.append(node)
         await node.start()

@@ -134,7 +134,9 @@ class Checker:
         """A submit or a control that raised for a reason the run explains."""
         if what.node_id in self.killed and isinstance(error, self.rules.killed_may_raise):
             return True
-        return isinstance(error, BackendUnavailableError) and self.in_restart(what.sent, what.done)
+        if isinstance(error, BackendUnavailableError) and self.in_restart(what.sent, what.done):
+            return True
+        return self.rules.excused(error, what)
 
     # ------------------------------------------------------------ the checks
 

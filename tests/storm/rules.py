@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from stickless import FailureCode, RouterClosedError, TurnResult
 
-from .records import Call
+from .records import Call, Control
 
 #: Names of reservations in the idempotency store (client keys / per-turn internal keys).
 CLIENT_KEY, TURN_KEY = "c:", "t:"
@@ -51,6 +51,9 @@ class Rules:
     answer_within: float
     #: Whether a FAILED answer's detail is one the run explains.
     failed_ok: Callable[[str], bool] = lambda detail: False
+    #: Whether a submit or a control that raised `error` had a reason the run explains beyond a
+    #: store restart or a crash (e.g. a fault on its node's own path to the store).
+    excused: Callable[[BaseException, Call | Control], bool] = lambda error, what: False
     #: What a killed node's submits and controls may raise.
     killed_may_raise: tuple[type[BaseException], ...] = (RouterClosedError,)
     #: The text a successful answer carries (None: not checked).

@@ -1,0 +1,158 @@
+"""The randomized fault storm: the node-process wave storm with faults between a node and Redis.
+
+Every node process talks to the (append-only) redis-server through a `FaultProxy` of its own
+(tests/faults/), so a fault hits one node's path only. While the seeded waves of
+tests/storm/waves.py run, a seeded driver (tests/storm/faults.py) fires, every few submits, one
+of: a connection cut right after a chosen stickless script ran (its reply lost), a held reply
+(a few hundred ms to about twice the lease TTL), a stall of one node's whole path past its
+lease, a reset of every connection of one node, SIGSTOP/SIGCONT or SIGKILL (then a replacement)
+of a node process, and a redis-server restart. The storms' one checker (tests/storm/checker.py)
+then holds the history to every invariant, with no violation allowed.
+
+A cut right after `inbox_take` loses the batch it took (LOST_COLLECT_BUG in
+tests/storm/known_bugs.py, open): the CI storm does not cut there. The soak does, and lists the
+losses of a session whose take was cut as known-bug hits (printed and counted).
+
+CI runs `test_fault_storm_keeps_the_invariants` (fixed seeds, about a minute each). The soak is
+the same storm, longer, with a random seed (printed), and with inbox_take cuts:
+
+    STICKLESS_SOAK=1 [STICKLESS_SOAK_SEED=<n>] [STICKLESS_SOAK_WAVES=<n>] \\
+        .venv/bin/pytest tests/test_fault_storm.py -k soak -s
+
+Without STICKLESS_SOAK=1 the soak is skipped (also under CI=true: it is opt-in, not a service
+that is missing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from . import test_multiprocess
+from .mp_cluster import MpCluster
+from .redis_fixture import RedisServer
+from .storm.checker import Checker
+from .storm.faults import CUT_SCRIPTS, FaultDriver, FaultNodes, FaultPlan, ProxyPool
+from .storm.waves import WavePlan, WaveStorm
+from .test_multiprocess import FORWARD_TTL, RULES, summary
+
+#: The node-process storm's fixtures: an append-only redis-server of the test's own, node logs.
+aof_server = test_multiprocess.aof_server
+node_logs = test_multiprocess.node_logs
+
+#: Seeds of the CI storm.
+SEEDS = (20250611, 7)
+#: The node-process storm's plan, smaller (the faults add their own load and waits).
+PLAN = dataclasses.replace(
+    test_multiprocess.PLAN,
+    sessions=10,
+    waves=26,
+    batch=(8, 12),
+    kill_waves=(6, 19),
+    restart_wave=11,
+)
+#: Lease TTL of the node processes (tests/mp_cluster.py FAST_CONFIG).
+LEASE_TTL = 1.5
+FAULTS = FaultPlan(
+    every=(2, 5),
+    weights={
+        "cut": 8.0,
+        "hold": 3.0,
+        "stall": 1.5,
+        "reset": 1.5,
+        "sigstop": 1.0,
+        "sigkill": 0.6,
+        "redis_restart": 0.3,
+    },
+    cut_scripts=tuple(s for s in CUT_SCRIPTS if s != "inbox_take"),
+    hold=(0.3, 2 * LEASE_TTL),
+    stall=(1.2 * LEASE_TTL, 2.5 * LEASE_TTL),
+    stop=(1.2 * LEASE_TTL, 2.5 * LEASE_TTL),
+)
+SOAK = os.environ.get("STICKLESS_SOAK") == "1"
+
+
+async def fault_storm(
+    seed: int, plan: WavePlan, faults: FaultPlan, server: RedisServer, logs: Path
+) -> None:
+    """Run the storm, check the history, print its counts; fail on any violation."""
+    print(f"\nfault storm seed={seed}")
+    started = time.monotonic()
+    pool = ProxyPool(server)
+    try:
+        async with MpCluster(
+            server.url, logs, forward_ttl=FORWARD_TTL, node_url=pool.open
+        ) as cluster:
+            nodes = FaultNodes(cluster, server, plan.session_ids(), pool)
+            storm = WaveStorm(seed, plan, nodes)
+            driver = FaultDriver(seed, faults, nodes, storm)
+            # Given node processes under the seeded waves, with faults on their paths to Redis
+            firing = asyncio.ensure_future(driver.run())
+            history = await storm.run()
+            # When the faults stop, every caller has its answer and the survivors drained
+            await driver.stop(firing)
+            await nodes.record(history)
+            driver.record(history)
+            # (a node whose own path to Redis failed may refuse a call: BackendUnavailableError)
+            checker = Checker(history, dataclasses.replace(RULES, excused=driver.excused))
+            await checker.check(cluster.backends)
+            nodes_started = len(cluster.nodes)
+    finally:
+        errors = pool.close()
+    armed, fired = driver.counts()
+    print(summary(checker, nodes_started))
+    print(f"answers by code: {checker.counts['answers']}")
+    print(f"faults fired by kind: {dict(sorted(fired.items()))}")
+    print(f"faults armed, never fired: {dict(sorted((armed - fired).items()))}")
+    print(
+        f"submits={nodes.submits}, sigkills={len(history.kills)} "
+        f"(storm waves {len(history.kills) - nodes.node_kills}, faults {nodes.node_kills}), "
+        f"node restarts={nodes_started - 3}, "
+        f"redis_restarts={len(history.restarts)}"
+    )
+    for hit in checker.known_bug:
+        print(f"known bug {hit.splitlines()[0]}")
+    print(f"fault storm and checks took {time.monotonic() - started:.1f}s")
+    if checker.violations:
+        report = logs / "fault-timeline.txt"
+        lines = [f"{stamp:.0f} {what}" for stamp, what in driver.timeline()]
+        lines += [f"{e.start:.0f}-{e.end} ran {e}" for e in history.executions]
+        report.write_text("\n".join(lines))
+        print(f"fault timeline and executions: {report}")
+    # Then every invariant held, and the proxies worked as told
+    assert not checker.violations, f"seed {seed}:\n{checker.report()}"
+    assert errors == [], errors
+    assert sum(fired.values()) >= 10, fired
+
+
+@pytest.mark.timeout(170)
+@pytest.mark.parametrize("seed", SEEDS)
+async def test_fault_storm_keeps_the_invariants(
+    seed: int, aof_server: RedisServer, node_logs: Path
+) -> None:
+    await fault_storm(seed, PLAN, FAULTS, aof_server, node_logs)
+
+
+@pytest.mark.skipif(
+    not SOAK,
+    reason="opt-in soak (not a missing service, so skipped under CI=true too): "
+    "set STICKLESS_SOAK=1 [STICKLESS_SOAK_SEED=<n>] [STICKLESS_SOAK_WAVES=<n>]",
+)
+@pytest.mark.timeout(3600)
+async def test_fault_storm_soak(aof_server: RedisServer, node_logs: Path) -> None:
+    seed = int(os.environ.get("STICKLESS_SOAK_SEED") or random.randrange(2**32))
+    waves = int(os.environ.get("STICKLESS_SOAK_WAVES") or 120)
+    plan = dataclasses.replace(
+        PLAN,
+        waves=waves,
+        kill_waves=tuple(range(6, waves, 15)),
+        restart_wave=waves // 2,
+    )
+    faults = dataclasses.replace(FAULTS, cut_scripts=CUT_SCRIPTS)
+    await fault_storm(seed, plan, faults, aof_server, node_logs)
