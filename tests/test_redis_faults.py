@@ -10,7 +10,16 @@ from typing import Any
 
 import pytest
 
-from stickless import DeploymentMode, FailureCode, RouterConfig, SessionRouter, TurnFailedError
+from stickless import (
+    BackendUnavailableError,
+    DeploymentMode,
+    FailureCode,
+    RouterConfig,
+    SessionRouter,
+    SubmitDisposition,
+    TurnFailedError,
+)
+from stickless.backends.base import FencedOut
 from stickless.backends.redis import RedisBackends
 
 from .agents import Journal, ScriptedOpener, req, wait_until
@@ -72,7 +81,12 @@ async def test_a_delivery_retried_after_a_lost_reply_runs_once(
     await idle.result
     assert journal.texts("s1") == ["busy", "once", "after"]
     assert await _entries(holder, "s1") == [
-        "busy", "echo:busy", "once", "echo:once", "after", "echo:after"
+        "busy",
+        "echo:busy",
+        "once",
+        "echo:once",
+        "after",
+        "echo:after",
     ]
 
 
@@ -144,3 +158,53 @@ async def test_a_forward_whose_answer_was_missed_while_resubscribing_is_answered
     fault_proxy.refuse_new(False)
     # Then, once resubscribed, the submitter checks its pending forwards and answers at once
     assert (await asyncio.wait_for(forwarded.result, 10.0)).text == "echo:long"
+
+
+async def test_a_claim_fenced_out_at_provisioning_is_not_an_error_for_the_caller(
+    start: Start, redis_url: str, journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = await start(redis_url)
+    provision = node.backends.records.provision
+    calls = 0
+
+    async def fenced_once(session_id: str, agent_ref: str, token: int) -> str:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # as when a newer lease provisioned the record meanwhile (a cut reply)
+            raise FencedOut(f"token {token} is older than the record's fence")
+        return await provision(session_id, agent_ref, token)
+
+    monkeypatch.setattr(node.backends.records, "provision", fenced_once)
+    # When a submit's claim finds the record fenced by a newer lease
+    disposition = await node.submit(req("s1", "fenced", idempotency_key="k"))
+    # Then the caller is not failed: the turn goes through the inbox and is answered
+    assert (await asyncio.wait_for(disposition.result, 10.0)).text == "echo:fenced"
+    assert journal.texts("s1") == ["fenced"]
+
+
+async def test_a_delivery_whose_outcome_is_unknown_is_not_refused_if_it_may_run(
+    start: Start, fault_proxy: FaultProxy, redis_url: str, journal: Journal
+) -> None:
+    holder = await start(redis_url)
+    submitter = await start(fault_proxy.url())
+    await (await holder.submit(req("s1", "warm up"))).result
+    # Given the submitter's delivery runs on the server, and both its reply and redis-py's
+    # retry are cut (the submitter cannot tell whether the message is queued), and so is
+    # every attempt at taking its reservation back
+    first = fault_proxy.cut_after(script="inbox_deliver", times=2)
+    fault_proxy.cut_before(script="idem_discard", times=1000)
+    disposition_or_error: object
+    try:
+        disposition_or_error = await submitter.submit(req("s1", "maybe", idempotency_key="k"))
+    except BackendUnavailableError as exc:
+        disposition_or_error = exc
+    await first.wait_fired()
+    # Then the submit is refused only if the message can no longer run; otherwise its caller
+    # follows it and gets its answer
+    for text in ("after", "after again"):  # (turns run in order: anything queued ran by then)
+        await (await holder.submit(req("s1", text))).result
+    if isinstance(disposition_or_error, BackendUnavailableError):
+        assert "maybe" not in journal.texts("s1")
+    else:
+        assert isinstance(disposition_or_error, SubmitDisposition)
+        assert (await disposition_or_error.result).text == "echo:maybe"

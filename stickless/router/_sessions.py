@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from .._errors import ConflictingAgentError, SticklessError
 from ..actors import SessionActor
-from ..backends.base import HeldElsewhere, Lease
+from ..backends.base import FencedOut, HeldElsewhere, Lease
 from ._background import KeyedLocks, io, log, quiet
 from ._context import NodeContext, RouterPart
 
@@ -109,7 +109,7 @@ class LocalSessions(RouterPart):
             if actor is None:
                 try:
                     claimed = await self.claim(session_id, None)
-                except SticklessError as exc:
+                except (SticklessError, FencedOut) as exc:
                     log.info("doorbell claim of %s failed: %s", session_id, exc)
                     return False
                 if not isinstance(claimed, SessionActor):

@@ -14,12 +14,14 @@ from pydantic import ValidationError
 from .._errors import (
     BackendUnavailableError,
     ConflictingAgentError,
+    FailureCode,
     IdempotencyConflictError,
     InvalidRequestError,
 )
 from .._types import SubmitRequest, TurnResult, invalid_request
 from ..actors import SessionActor, TurnWork
-from ..backends.base import Reservation, ReservationState
+from ..backends.base import FencedOut, HeldElsewhere, Reservation, ReservationState
+from ..wire import Outcome
 from ._api import SubmitDisposition, SubmitKind
 from ._background import io, quiet
 from ._callers import Forward, settle
@@ -265,7 +267,12 @@ class Submitter(SessionPart):
                     SubmitKind.EXECUTED_LOCALLY, session_id, work.turn_id, future
                 )
             if actor is None:
-                claimed = await self._sessions.claim(session_id, work.agent_ref)
+                try:
+                    claimed = await self._sessions.claim(session_id, work.agent_ref)
+                except FencedOut:
+                    # A newer lease provisioned the record meanwhile: the session is someone
+                    # else's now, so the turn goes through the inbox like any forward.
+                    claimed = HeldElsewhere(session_id, "", _UNKNOWN_TOKEN, 0.0)
                 if isinstance(claimed, SessionActor):
                     self._renewer.own(session_id, work.key)
                     claimed.enqueue(work)
@@ -287,7 +294,14 @@ class Submitter(SessionPart):
             )
         )
         self._renewer.disown(work.session_id, work.key)
-        message_id = await io(self._backends.inbox.deliver(work.to_envelope()))
+        message_id: str | None = None
+        try:
+            message_id = await io(self._backends.inbox.deliver(work.to_envelope()))
+        except BackendUnavailableError:
+            # Whether the message is queued is unknown: refuse only once it can no longer run;
+            # otherwise the caller follows it like any forward (its answer, or FORWARD_TIMEOUT).
+            if await self._withdraw_undelivered(work):
+                raise
         self._callers.track(
             Forward(work.session_id, work.key, work.turn_id, self._deadline(), token)
         )
@@ -295,6 +309,19 @@ class Submitter(SessionPart):
         return self._disposition(
             SubmitKind.FORWARDED, work.session_id, work.turn_id, future, message_id
         )
+
+    async def _withdraw_undelivered(self, work: TurnWork) -> bool:
+        """Make sure a message whose delivery failed never runs; False when that could not be
+        made sure (it was taken over, or the store cannot be reached)."""
+        withdrawn = Outcome.failure(
+            work.turn_id,
+            FailureCode.FAILED,
+            "not run: its delivery could not be confirmed; retry it",
+            self._node_id,
+        )
+        idem = self._backends.idempotency
+        won = await quiet(idem.compare_and_reset(work.session_id, work.key, None, withdrawn))
+        return won is True
 
     def _deadline(self) -> float:
         return asyncio.get_running_loop().time() + self._config.forward_ttl
