@@ -249,8 +249,10 @@ def _salvage(data: object) -> tuple[str | None, str | None]:
 class Inbox(Protocol):
     """Per-session shared queue: any node delivers, the lease holder collects."""
 
-    async def deliver(self, envelope: Envelope) -> str:
-        """Append a message (stamping `enqueued_at` with the store clock when it is 0)."""
+    async def deliver(self, envelope: Envelope, delivery_id: str | None = None) -> str:
+        """Append a message (stamping `enqueued_at` with the store clock when it is 0); returns
+        its message id. Calls with one `delivery_id` append it once (a caller that does not
+        know whether a delivery went through sends it again with the same id)."""
         ...
 
     async def collect(self, session_id: str, max_priority: Priority) -> CollectedBatch:

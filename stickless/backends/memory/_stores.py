@@ -176,8 +176,10 @@ class MemoryInbox:
     def __init__(self, link: Link) -> None:
         self._link = link
 
-    async def deliver(self, envelope: Envelope) -> str:
-        """Append the envelope, stamping `enqueued_at` with the store clock when unset."""
+    async def deliver(self, envelope: Envelope, delivery_id: str | None = None) -> str:
+        """Append the envelope, stamping `enqueued_at` with the store clock when unset. A call
+        here either appends or raises before writing anything, so `delivery_id` (what makes a
+        repeated call safe over a network) has nothing to guard."""
         with self._link.open() as state:
             now = state.clock()
             if envelope.enqueued_at == 0:

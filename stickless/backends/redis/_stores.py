@@ -249,18 +249,23 @@ class RedisInbox(_Role):
         super().__init__(client, scripts, keys)
         self._ttl = ttl
 
-    async def deliver(self, envelope: Envelope) -> str:
-        """Append the envelope to its tier; collect stamps `enqueued_at` when it is 0."""
-        return await self._append(envelope.session_id, envelope.priority, envelope.encode())
+    async def deliver(self, envelope: Envelope, delivery_id: str | None = None) -> str:
+        """Append the envelope to its tier, once per `delivery_id`; collect stamps
+        `enqueued_at` when it is 0."""
+        return await self._append(
+            envelope.session_id, envelope.priority, envelope.encode(), delivery_id
+        )
 
     async def deliver_raw(self, session_id: str, priority: Priority, data: bytes) -> str:
         """Test hook: append arbitrary bytes (to plant corrupt entries)."""
-        return await self._append(session_id, priority, data)
+        return await self._append(session_id, priority, data, None)
 
-    async def _append(self, session_id: str, priority: Priority, data: bytes) -> str:
-        # One id per delivery: redis-py sends the very same call again after a lost reply, and
-        # the script appends a delivery id only once.
-        delivery_id = uuid.uuid4().hex
+    async def _append(
+        self, session_id: str, priority: Priority, data: bytes, delivery_id: str | None
+    ) -> str:
+        # One id per delivery: redis-py sends the very same call again after a lost reply (and
+        # a caller may, with the same id), and the script appends a delivery id only once.
+        delivery_id = delivery_id or uuid.uuid4().hex
         stream_id, arrived, was_empty = await self._scripts.inbox_deliver(
             keys=[*self._keys.inbox(session_id), self._keys.deliveries(session_id)],
             args=[TIERS.index(priority), data, delivery_id, _DELIVERY_MEMORY, _ms(self._ttl)],
