@@ -248,6 +248,16 @@ class Outcome(BaseModel):
             turn_id=turn_id, ok=False, executed_by=executed_by, code=code.value, message=message
         )
 
+    @classmethod
+    def unknown(cls, turn_id: str, forward_ttl: float) -> Outcome:
+        """The answer of a turn whose outcome a node could not learn within `forward_ttl`."""
+        return cls.failure(
+            turn_id,
+            FailureCode.FORWARD_TIMEOUT,
+            f"no answer within forward_ttl ({forward_ttl}s); unless it was withdrawn in time the "
+            "turn may still run: retry with the same idempotency key to learn its outcome",
+        )
+
     @property
     def failure_code(self) -> FailureCode:
         return FailureCode.parse(self.code)

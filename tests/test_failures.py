@@ -264,14 +264,14 @@ async def test_unreadable_entry_fails_its_caller_and_spares_its_batch(
     inbox = b.backends.inbox
     deliver = inbox.deliver
 
-    async def corrupting(envelope):  # type: ignore[no-untyped-def]
+    async def corrupting(envelope, delivery_id=None):  # type: ignore[no-untyped-def]
         if envelope.input.as_text() == "poison":
             raw = envelope.model_dump(mode="python")
             raw["priority"] = "not a priority"
             return await cluster.backends.inbox.deliver_raw(
                 envelope.session_id, Priority.NEXT, pack(raw)
             )
-        return await deliver(envelope)
+        return await deliver(envelope, delivery_id)
 
     inbox.deliver = corrupting  # type: ignore[method-assign]
     good1 = await c.submit(req("s1", "good one"))

@@ -66,6 +66,8 @@ class SessionActor:
         #: Why `_starting` (or, when None, the next turn to start) was cancelled by an interrupt.
         self._cancel_starting: str | None = None
         self._cancel_next: str | None = None
+        #: True while the loop collects the inbox before a turn.
+        self._collecting = False
         self._task: asyncio.Task[None] | None = None
         self._handle: LiveSession | None = None
         self.running: RunningTurn | None = None
@@ -78,6 +80,8 @@ class SessionActor:
         self._side_tasks: set[asyncio.Task[Any]] = set()
         #: NOW work offered to the running turn whose `inject` has not answered yet.
         self._injecting: list[TurnWork] = []
+        #: Concluded turns being recorded and announced (not cut short by a stop).
+        self._finishing: set[asyncio.Task[None]] = set()
         self.last_active = asyncio.get_running_loop().time()
 
     # ------------------------------------------------------------------ state
@@ -160,7 +164,7 @@ class SessionActor:
         if self._mailbox:
             self._spawn(self._answer_cancelled(self._mailbox.pop(), reason))
             return True
-        if self._task is not None or self._rung:
+        if self._collecting or self._rung:  # a collect in progress or due brings the next turn
             self._cancel_next = reason
             return True
         return False
@@ -208,7 +212,7 @@ class SessionActor:
     def abort(self) -> None:
         """Cancel everything without any release or announcement (a simulated crash)."""
         self.accepting = False
-        for task in (self._task, *self._side_tasks):
+        for task in (self._task, *self._side_tasks, *self._finishing):
             if task is not None:
                 task.cancel()
         if self._last_relay is not None:
@@ -237,7 +241,11 @@ class SessionActor:
                     # Always collect before a turn (orphans of an earlier holder, messages
                     # whose doorbell this node missed); nothing to run and no doorbell: done.
                     self._rung = False
-                    await self._collect(Priority.LATER)
+                    self._collecting = True
+                    try:
+                        await self._collect(Priority.LATER)
+                    finally:
+                        self._collecting = False
                 if not self._mailbox:
                     if self._rung and self.accepting:
                         continue
@@ -466,6 +474,23 @@ class SessionActor:
         self.running = None
         self.last_active = asyncio.get_running_loop().time()
         host.actor_state_changed(self.session_id, self.token)
+        # Recording and announcing must not be cut short by a stop of this actor (its callers
+        # would never be answered): it runs in a task that only a crash (abort) cancels.
+        finish = asyncio.ensure_future(self._finish(running, outcome, terminal, commit, relay))
+        self._finishing.add(finish)
+        finish.add_done_callback(self._finishing.discard)
+        await asyncio.shield(finish)
+
+    async def _finish(
+        self,
+        running: RunningTurn,
+        outcome: Outcome,
+        terminal: Event,
+        commit: StagedCommit | None,
+        relay: EventRelay,
+    ) -> None:
+        """Record and announce a concluded turn (and the NOW messages that joined it)."""
+        host, work = self._host, running.work
         # The terminal frame follows the recorded answer, queued just before the answer goes
         # out (flushed by the relay's dispatcher; nobody waits for that).
         try:
@@ -477,17 +502,12 @@ class SessionActor:
             )
             announced = await host.complete(work, outcome, None, lambda _: relay.emit(terminal))
         if announced is not outcome:
-            # Decided elsewhere (this node was declared lost): the decider sent the turn's
-            # terminal frame, and this node's hold of the session is in doubt.
+            # Decided elsewhere (this node was declared lost) or unknown: the decider sent the
+            # turn's terminal frame, and this node's hold of the session is in doubt.
             relay.close()
             self.lose_lease()
         for joined in running.joined:
-            answer = announced or _failure(
-                joined,
-                FailureCode.FAILED,
-                "the turn it joined has no recorded answer",
-                host.node_id,
-            )
+            answer = announced or Outcome.unknown(joined.turn_id, host.config.forward_ttl)
             await host.complete(joined, answer.model_copy(update={"turn_id": joined.turn_id}))
 
     async def _conclude(

@@ -94,7 +94,7 @@ class CallerTable:
         for waiter in self._waiters.get(forward.turn_id, ()):
             waiter.forwarded = True
         loop = asyncio.get_running_loop()
-        forward.timer = loop.call_at(forward.deadline, self.expire_if_due, forward)
+        forward.timer = loop.call_at(forward.deadline, self._deadline_reached, forward)
         self._forwards[forward.turn_id] = forward
 
     def tracked(self, forward: Forward) -> bool:
@@ -106,6 +106,12 @@ class CallerTable:
         return iter(
             [f for f in self._forwards.values() if session_id is None or f.session_id == session_id]
         )
+
+    def _deadline_reached(self, forward: Forward) -> None:
+        # A timer may fire a little early (the loop's clock resolution): then it is armed again.
+        if not self.expire_if_due(forward) and self.tracked(forward):
+            loop = asyncio.get_running_loop()
+            forward.timer = loop.call_at(forward.deadline, self._deadline_reached, forward)
 
     def expire_if_due(self, forward: Forward) -> bool:
         """At or past its deadline, answer the forward's callers FORWARD_TIMEOUT; True if so."""
@@ -164,12 +170,7 @@ def expired(forward: Forward, now: float, forward_ttl: float) -> Outcome | None:
 
 def unknown(turn_id: str, forward_ttl: float) -> Outcome:
     """The answer of a turn whose outcome this node could not learn within `forward_ttl`."""
-    return Outcome.failure(
-        turn_id,
-        FailureCode.FORWARD_TIMEOUT,
-        f"no answer within forward_ttl ({forward_ttl}s); unless it was withdrawn in time the turn "
-        "may still run: retry with the same idempotency key to learn its outcome",
-    )
+    return Outcome.unknown(turn_id, forward_ttl)
 
 
 def judge_forward(forward: Forward, found: Reservation | None) -> Outcome | None:

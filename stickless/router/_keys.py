@@ -29,3 +29,10 @@ def queued_staleness(config: RouterConfig) -> float:
     """How long a queued (holderless) reservation waits before the holder-loss sweep may reset
     it: past `forward_ttl`, so the submitter's own deadline decides first."""
     return config.forward_ttl + config.idempotency_secondary_ttl
+
+
+def in_flight_ttl(config: RouterConfig) -> float:
+    """How long a reservation may stay in flight (queued or running) before it expires: as long
+    as any key keeps its answer, so a long turn never finds its reservation gone (recording the
+    outcome then sets the key's own `primary_ttl`)."""
+    return config.idempotency_primary_ttl

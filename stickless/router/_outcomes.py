@@ -250,10 +250,13 @@ class TurnOutcomes(RouterPart):
         Raises:
             BackendUnavailableError: the store could not be reached.
         """
+        # Named by its decider, so two sweepers never write the same outcome (a reset that finds
+        # its own outcome recorded counts as won: that is the same call run again).
         outcome = Outcome.failure(
             stale.turn_id,
             FailureCode.HOLDER_LOST,
             f"holder {stale.holder or '(none)'} stopped answering",
+            self._node_id,
         )
         won = await io(
             self._backends.idempotency.compare_and_reset(

@@ -202,7 +202,7 @@ class SessionRouter:
         if busy:
             await asyncio.wait(busy, timeout=grace)
         await asyncio.gather(
-            *(self._handover.give_up(a, StopReason.SHUTDOWN) for a in actors),
+            *(self._handover.give_up_locked(a, StopReason.SHUTDOWN) for a in actors),
             return_exceptions=True,
         )
         await self._sweeps.settle_before_close(deadline)

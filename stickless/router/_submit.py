@@ -25,7 +25,7 @@ from ..wire import Outcome
 from ._api import SubmitDisposition, SubmitKind
 from ._background import io, quiet
 from ._callers import Forward, settle
-from ._keys import primary_ttl, queued_staleness, reservation_key
+from ._keys import in_flight_ttl, queued_staleness, reservation_key
 from ._session_part import SessionPart
 
 #: Token of a forward whose lease is unknown: larger than any real token, so no EVICT fails it.
@@ -122,7 +122,7 @@ class Submitter(SessionPart):
                         input_hash,
                         self._node_id,
                         self._config.idempotency_secondary_ttl,
-                        primary_ttl(self._config, key),
+                        in_flight_ttl(self._config),
                     )
                 )
             except BackendUnavailableError:

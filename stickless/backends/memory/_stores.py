@@ -367,18 +367,20 @@ class MemoryIdempotencyStore:
             else []
         )
         with self._link.open() as state:
+            now = state.clock()
+            row = _live_reservation(state, session_id, key, now)
+            if row is not None and row.turn_id == outcome.turn_id and row.outcome == data:
+                return True  # the same call made again: already recorded
             record = state.records.get(session_id)
             if commit is not None:  # a fenced-out holder must learn it has lost the session
                 if record is None:
                     raise FencedOut(f"session {session_id} has no record")
                 if commit.token < record.fence:
                     raise FencedOut(f"token {commit.token} is older than fence {record.fence}")
-            now = state.clock()
-            row = _live_reservation(state, session_id, key, now)
             if row is None or row.turn_id != outcome.turn_id:
                 return False
             if row.state is not ReservationState.IN_FLIGHT:
-                return row.outcome == data
+                return False
             if not (_held_by(row, holder) or _held_by(row, None)):
                 return False
             if record is not None:
@@ -398,7 +400,11 @@ class MemoryIdempotencyStore:
         with self._link.open() as state:
             now = state.clock()
             row = _live_reservation(state, session_id, key, now)
-            if row is None or row.turn_id != outcome.turn_id or not _held_by(row, expected_holder):
+            if row is None or row.turn_id != outcome.turn_id:
+                return False
+            if row.state is not ReservationState.IN_FLIGHT:
+                return row.outcome == data  # the same call made again: it still won
+            if not _held_by(row, expected_holder):
                 return False
             row.state = ReservationState.DONE if outcome.final else ReservationState.FAILED
             row.outcome = data

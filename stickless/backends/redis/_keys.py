@@ -64,9 +64,9 @@ class Keys:
         tag = self.tag(session_id)
         return [f"{tag}:inbox:{int(priority)}" for priority in TIERS]
 
-    def deliveries(self, session_id: str) -> str:
-        """Hash {delivery id: "stream id arrival"} of recent deliveries (a rerun appends once)."""
-        return f"{self.tag(session_id)}:deliveries"
+    def delivery(self, session_id: str, delivery_id: str) -> str:
+        """String "stream id arrival" of one recent delivery (a rerun appends once); expires."""
+        return f"{self.tag(session_id)}:delivery:{_check_name('delivery id', delivery_id)}"
 
     def reservation(self, session_id: str, key: str) -> str:
         """Hash of one idempotency reservation (the key may hold any characters)."""

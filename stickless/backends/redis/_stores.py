@@ -267,8 +267,8 @@ class RedisInbox(_Role):
         # a caller may, with the same id), and the script appends a delivery id only once.
         delivery_id = delivery_id or uuid.uuid4().hex
         stream_id, arrived, was_empty = await self._scripts.inbox_deliver(
-            keys=[*self._keys.inbox(session_id), self._keys.deliveries(session_id)],
-            args=[TIERS.index(priority), data, delivery_id, _DELIVERY_MEMORY, _ms(self._ttl)],
+            keys=[*self._keys.inbox(session_id), self._keys.delivery(session_id, delivery_id)],
+            args=[TIERS.index(priority), data, _DELIVERY_MEMORY, _ms(self._ttl)],
         )
         # First message: the exact arrival time. Otherwise only fill a missing entry (a crash
         # between script and index write); a present one already scores an older arrival.

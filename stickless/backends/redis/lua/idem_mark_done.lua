@@ -6,22 +6,20 @@
 -- than the record's fence. Safe to run twice: a run that finds its own outcome already recorded
 -- for the turn reports success and writes nothing.
 -- Reply: {1} recorded, {0} refused (not this turn's in-flight reservation), {2, fence} fenced out.
--- A fenced-out commit is reported first: its holder has lost the session and must know.
+local t = now()
+local r = load_reservation(KEYS[1], t)
+-- The same call run again (a retry after a lost reply) finds its own outcome: recorded.
+if r and r.turn == ARGV[2] and r.state ~= 'IN_FLIGHT' and r.outcome == ARGV[4] then
+  return {1}
+end
+-- A fenced-out commit is reported next: its holder has lost the session and must know.
 if ARGV[6] ~= '' then
   local fence = redis.call('HGET', KEYS[2], 'fence')
   if not fence or tonumber(ARGV[6]) < tonumber(fence) then
     return {2, fence or ''}
   end
 end
-local t = now()
-local r = load_reservation(KEYS[1], t)
-if not r or r.turn ~= ARGV[2] then
-  return {0}
-end
-if r.state ~= 'IN_FLIGHT' then
-  if r.outcome == ARGV[4] then
-    return {1}
-  end
+if not r or r.turn ~= ARGV[2] or r.state ~= 'IN_FLIGHT' then
   return {0}
 end
 if r.holder and r.holder ~= ARGV[1] then

@@ -4,7 +4,14 @@
 -- Reply: {1, turn} when reset, else {0}.
 local t = now()
 local r = load_reservation(KEYS[1], t)
-if not r or r.state ~= 'IN_FLIGHT' or r.turn ~= ARGV[4] then
+if not r or r.turn ~= ARGV[4] then
+  return {0}
+end
+if r.state ~= 'IN_FLIGHT' then
+  -- The same call run again after a lost reply finds its own outcome: it still won.
+  if r.outcome == ARGV[3] then
+    return {1, r.turn}
+  end
   return {0}
 end
 if ARGV[1] == '1' then

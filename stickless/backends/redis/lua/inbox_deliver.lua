@@ -1,10 +1,10 @@
--- KEYS: the session's tier streams (NOW, NEXT, LATER), its deliveries hash.
--- ARGV: tier index, encoded envelope, delivery id, seconds the delivery id is remembered,
+-- KEYS: the session's tier streams (NOW, NEXT, LATER), this delivery's key.
+-- ARGV: tier index, encoded envelope, seconds the delivery is remembered,
 -- tier ttl (ms): the tier expires that long after its last delivery unless collected first.
 -- Appends the envelope unless this delivery id was appended before (the same call run again
 -- after a lost reply): then it answers what the first run answered and appends nothing.
 -- Reply: {stream id, arrival time, 1 when the inbox was empty before}.
-local known = redis.call('HGET', KEYS[4], ARGV[3])
+local known = redis.call('GET', KEYS[4])
 if known then
   local sep = string.find(known, ' ', 1, true)
   return {string.sub(known, 1, sep - 1), string.sub(known, sep + 1), 0}
@@ -16,7 +16,6 @@ if redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3]) == 0 then
 end
 local tier = KEYS[tonumber(ARGV[1]) + 1]
 local id = redis.call('XADD', tier, '*', 'e', ARGV[2], 't', t)
-redis.call('PEXPIRE', tier, ARGV[5])
-redis.call('HSET', KEYS[4], ARGV[3], id .. ' ' .. t)
-redis.call('EXPIRE', KEYS[4], ARGV[4])
+redis.call('PEXPIRE', tier, ARGV[4])
+redis.call('SET', KEYS[4], id .. ' ' .. t, 'EX', ARGV[3])
 return {id, t, was_empty}
