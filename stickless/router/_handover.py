@@ -97,21 +97,21 @@ class Handover(SessionPart):
     async def _requeue(self, works: list[TurnWork], token: int) -> int:
         """Put collected-but-unstarted work back in the inbox in order (else NOT_HOLDER)."""
         requeued = 0
+        why = "this node gave the session up and could not re-queue the message"
         for work in works:
             try:
                 if work.takeover.owns:
                     await self._backends.idempotency.release_holder(
                         work.session_id, work.key, self._node_id, queued_staleness(self._config)
                     )
-                self._renewer.disown(work.session_id, work.key)
-                await self._backends.inbox.deliver(work.to_envelope())
-            except Exception as exc:
+            except Exception as exc:  # still ours, and not queued: it never runs
                 log.warning("re-delivery of %s failed: %s", work.turn_id, exc)
-                await self._outcomes.fail(
-                    work,
-                    FailureCode.NOT_HOLDER,
-                    "this node gave the session up and could not re-queue the message",
-                )
+                await self._outcomes.fail(work, FailureCode.NOT_HOLDER, why)
+                continue
+            self._renewer.disown(work.session_id, work.key)
+            handed = await self._outcomes.hand_on(work, FailureCode.NOT_HOLDER, why)
+            if isinstance(handed, Outcome):  # withdrawn: it never runs
+                await self._outcomes.announce(work.session_id, work.key, handed)
                 continue
             requeued += 1
             if self._callers.waiting(work.turn_id):

@@ -4,9 +4,10 @@ TURN_RESULT, including take-over decisions, unreadable entries and holder-loss a
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable
 
-from .._errors import FailureCode
+from .._errors import BackendUnavailableError, FailureCode
 from .._events import LATE_TERMINAL_SEQ, Interrupted
 from ..actors import Takeover, TurnWork
 from ..backends.base import (
@@ -29,6 +30,8 @@ _RETRY_FIRST = 0.05
 _RETRY_CAP = 1.0
 #: Attempts at taking a collected message's reservation over before its outcome is unknown.
 _ACQUIRE_ATTEMPTS = 4
+#: Attempts at a delivery before it is withdrawn (or, failing that, followed).
+_DELIVER_ATTEMPTS = 4
 
 
 class TurnOutcomes(RouterPart):
@@ -162,6 +165,29 @@ class TurnOutcomes(RouterPart):
                 continue
             break
         self._renewer.disown(work.session_id, work.key)
+
+    async def hand_on(self, work: TurnWork, code: FailureCode, why: str) -> str | Outcome | None:
+        """Queue a message for whoever holds its session, sending it again (with the same
+        delivery id, so it is queued once) while the store is out of reach for a moment.
+
+        Returns the message id; or, when that still fails, the answer of the message withdrawn
+        so that it never runs (`code`, "not run: <why>"); or None when neither could be made
+        sure (it may be queued, or taken over): its callers then follow it like any forward.
+        """
+        envelope, delivery_id = work.to_envelope(), uuid.uuid4().hex
+        delay = _RETRY_FIRST
+        for attempt in range(_DELIVER_ATTEMPTS):
+            try:
+                return await io(self._backends.inbox.deliver(envelope, delivery_id))
+            except BackendUnavailableError as exc:
+                log.warning("delivery of %s failed: %s", work.turn_id, exc)
+            if attempt + 1 < _DELIVER_ATTEMPTS:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RETRY_CAP)
+        withdrawn = Outcome.failure(work.turn_id, code, f"not run: {why}", self._node_id)
+        idem = self._backends.idempotency
+        won = await quiet(idem.compare_and_reset(work.session_id, work.key, None, withdrawn))
+        return withdrawn if won else None
 
     async def take_over(self, message: InboundMessage) -> TurnWork | None:
         """Take over a collected message's reservation (won / rejected / unknown).

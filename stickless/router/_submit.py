@@ -30,9 +30,6 @@ from ._session_part import SessionPart
 
 #: Token of a forward whose lease is unknown: larger than any real token, so no EVICT fails it.
 _UNKNOWN_TOKEN = 2**62
-#: Attempts at a delivery whose outcome is unknown, and the first pause between them (seconds).
-_DELIVER_ATTEMPTS = 4
-_DELIVER_RETRY_FIRST = 0.1
 #: Attempts at reserving a key whose reservation keeps changing under us.
 _RESERVE_ATTEMPTS = 3
 
@@ -297,7 +294,12 @@ class Submitter(SessionPart):
             )
         )
         self._renewer.disown(work.session_id, work.key)
-        message_id = await self._deliver(work)
+        handed = await self._outcomes.hand_on(
+            work, FailureCode.FAILED, "its delivery could not be confirmed; retry it"
+        )
+        if isinstance(handed, Outcome):
+            raise BackendUnavailableError(f"the turn's delivery failed: {handed.message}")
+        message_id = handed
         self._callers.track(
             Forward(work.session_id, work.key, work.turn_id, self._deadline(), token)
         )
@@ -305,42 +307,6 @@ class Submitter(SessionPart):
         return self._disposition(
             SubmitKind.FORWARDED, work.session_id, work.turn_id, future, message_id
         )
-
-    async def _deliver(self, work: TurnWork) -> str | None:
-        """Queue the message, sending it again (with the same delivery id, so it is queued once)
-        while the store is out of reach for a moment. When that still fails, whether it is
-        queued is unknown: refuse only once it can no longer run; otherwise the caller follows
-        it like any forward (its answer, or FORWARD_TIMEOUT).
-
-        Raises:
-            BackendUnavailableError: the message was not delivered and never runs.
-        """
-        envelope, delivery_id = work.to_envelope(), uuid.uuid4().hex
-        delay = _DELIVER_RETRY_FIRST
-        for attempt in range(_DELIVER_ATTEMPTS):
-            try:
-                return await io(self._backends.inbox.deliver(envelope, delivery_id))
-            except BackendUnavailableError:
-                if attempt + 1 == _DELIVER_ATTEMPTS:
-                    if await self._withdraw_undelivered(work):
-                        raise
-                    return None
-            await asyncio.sleep(delay)
-            delay *= 2
-        return None
-
-    async def _withdraw_undelivered(self, work: TurnWork) -> bool:
-        """Make sure a message whose delivery failed never runs; False when that could not be
-        made sure (it was taken over, or the store cannot be reached)."""
-        withdrawn = Outcome.failure(
-            work.turn_id,
-            FailureCode.FAILED,
-            "not run: its delivery could not be confirmed; retry it",
-            self._node_id,
-        )
-        idem = self._backends.idempotency
-        won = await quiet(idem.compare_and_reset(work.session_id, work.key, None, withdrawn))
-        return won is True
 
     def _deadline(self) -> float:
         return asyncio.get_running_loop().time() + self._config.forward_ttl

@@ -19,6 +19,10 @@ from ._outcomes import TurnOutcomes
 from ._session_part import SessionPart
 from ._sessions import LocalSessions
 
+#: Attempts at withdrawing a message while the store is out of reach, and the first pause.
+_WITHDRAW_ATTEMPTS = 5
+_WITHDRAW_RETRY_FIRST = 0.1
+
 
 def idle_victims(actors: Iterable[SessionActor], now: float, idle_ttl: float) -> list[SessionActor]:
     """Actors with nothing to do for at least `idle_ttl`."""
@@ -126,8 +130,16 @@ class Sweeps(SessionPart):
             why = f"still queued when node {self._node_id} shut down"
         withdrawn = Outcome.failure(forward.turn_id, code, f"not run: {why}", self._node_id)
         idem = self._backends.idempotency
-        won = await quiet(idem.compare_and_reset(forward.session_id, forward.key, None, withdrawn))
-        return withdrawn if won else None
+        delay = _WITHDRAW_RETRY_FIRST
+        for _ in range(_WITHDRAW_ATTEMPTS):  # a store blip must not leave the message queued
+            won = await quiet(
+                idem.compare_and_reset(forward.session_id, forward.key, None, withdrawn)
+            )
+            if won is not None:
+                return withdrawn if won else None
+            await asyncio.sleep(delay)
+            delay *= 2
+        return None
 
     async def settle_before_close(self, deadline: float) -> None:
         """Closing: wait (until `deadline`) for the answers of turns this node handed on, then
