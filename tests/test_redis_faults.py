@@ -208,3 +208,27 @@ async def test_a_delivery_whose_outcome_is_unknown_is_not_refused_if_it_may_run(
     else:
         assert isinstance(disposition_or_error, SubmitDisposition)
         assert (await disposition_or_error.result).text == "echo:maybe"
+
+
+async def test_a_collect_retried_after_a_lost_reply_loses_nothing(
+    start: Start, fault_proxy: FaultProxy, redis_url: str, journal: Journal
+) -> None:
+    holder = await start(fault_proxy.url())
+    submitter = await start(redis_url)
+    await (await holder.submit(req("s1", "warm up"))).result
+    journal.gate("busy")
+    busy = await holder.submit(req("s1", "busy"))
+    await journal.entered["busy"].wait()
+    queued = [await submitter.submit(req("s1", f"queued {n}")) for n in range(3)]
+    # Given the holder's connection is cut right after the server ran its collect (redis-py
+    # sends it again on a new connection)
+    cut = fault_proxy.cut_after(script="inbox_take")
+    journal.gates["busy"].set()
+    await busy.result
+    # Then the batch the first run took is the one the rerun answers: every message runs once
+    for disposition in queued:
+        assert (await asyncio.wait_for(disposition.result, 10.0)).text.startswith("echo:queued")
+    assert cut.count == 1
+    assert [t for t in journal.texts("s1") if t.startswith("queued")] == [
+        f"queued {n}" for n in range(3)
+    ]

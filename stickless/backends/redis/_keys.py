@@ -68,6 +68,10 @@ class Keys:
         """String "stream id arrival" of one recent delivery (a rerun appends once); expires."""
         return f"{self.tag(session_id)}:delivery:{_check_name('delivery id', delivery_id)}"
 
+    def take(self, session_id: str, take_id: str) -> str:
+        """The reply of one inbox take, kept for a while (a rerun answers the same batch)."""
+        return f"{self.tag(session_id)}:take:{_check_name('take id', take_id)}"
+
     def reservation(self, session_id: str, key: str) -> str:
         """Hash of one idempotency reservation (the key may hold any characters)."""
         return f"{self.tag(session_id)}:idem:{key}"

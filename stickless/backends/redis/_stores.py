@@ -291,8 +291,12 @@ class RedisInbox(_Role):
         return await self._take(session_id, len(TIERS) - 1)
 
     async def _take(self, session_id: str, last_tier: int) -> CollectedBatch:
+        # One id per take: redis-py sends the very same call again after a lost reply, and the
+        # rerun answers the batch the first run took (instead of nothing: a lost batch).
+        take_id = uuid.uuid4().hex
         taken_at, remaining, flat = await self._scripts.inbox_take(
-            keys=self._keys.inbox(session_id), args=[last_tier]
+            keys=[*self._keys.inbox(session_id), self._keys.take(session_id, take_id)],
+            args=[last_tier, _DELIVERY_MEMORY],
         )
         if flat and not int(remaining):
             # The entries are out of the stream by now: an index failure must not lose them

@@ -1,7 +1,14 @@
--- KEYS: the session's tier streams. ARGV: highest tier index to take.
--- Removes every entry of tiers 0..ARGV[1] at once (the streams are deleted whole).
+-- KEYS: the session's tier streams, this take's key. ARGV: highest tier index to take, seconds
+-- the take is remembered.
+-- Removes every entry of tiers 0..ARGV[1] at once (the streams are deleted whole). The reply is
+-- kept under this take's key, so the same call run again after a lost reply answers the very
+-- same batch instead of an empty one.
 -- Reply: {now, tiers still holding entries, {tier, id, envelope, arrival, ...}}; a field the
 -- entry lacks comes back as nil, for the caller to report that entry unreadable.
+local kept = redis.call('GET', KEYS[4])
+if kept then
+  return cmsgpack.unpack(kept)
+end
 local out = {}
 for i = 1, tonumber(ARGV[1]) + 1 do
   local entries = redis.call('XRANGE', KEYS[i], '-', '+')
@@ -24,4 +31,8 @@ for i = 1, tonumber(ARGV[1]) + 1 do
     redis.call('DEL', KEYS[i])
   end
 end
-return {fmt(now()), redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3]), out}
+local reply = {fmt(now()), redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3]), out}
+if #out > 0 then
+  redis.call('SET', KEYS[4], cmsgpack.pack(reply), 'EX', ARGV[2])
+end
+return reply
