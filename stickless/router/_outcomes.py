@@ -30,8 +30,10 @@ _RETRY_FIRST = 0.05
 _RETRY_CAP = 1.0
 #: Attempts at taking a collected message's reservation over before its outcome is unknown.
 _ACQUIRE_ATTEMPTS = 4
-#: Attempts at a delivery before it is withdrawn (or, failing that, followed).
-_DELIVER_ATTEMPTS = 4
+#: How long (seconds) a delivery is sent again before it is withdrawn (or, failing that,
+#: followed): enough to ride out a store restart or a dropped connection; at most a quarter of
+#: `forward_ttl`, so a withdraw comes well before the message could be declared stale.
+_DELIVER_PATIENCE = 4.0
 
 
 class TurnOutcomes(RouterPart):
@@ -175,15 +177,18 @@ class TurnOutcomes(RouterPart):
         sure (it may be queued, or taken over): its callers then follow it like any forward.
         """
         envelope, delivery_id = work.to_envelope(), uuid.uuid4().hex
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(_DELIVER_PATIENCE, self._config.forward_ttl / 4)
         delay = _RETRY_FIRST
-        for attempt in range(_DELIVER_ATTEMPTS):
+        while True:
             try:
                 return await io(self._backends.inbox.deliver(envelope, delivery_id))
             except BackendUnavailableError as exc:
                 log.warning("delivery of %s failed: %s", work.turn_id, exc)
-            if attempt + 1 < _DELIVER_ATTEMPTS:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _RETRY_CAP)
+            if loop.time() + delay >= deadline:
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _RETRY_CAP)
         withdrawn = Outcome.failure(work.turn_id, code, f"not run: {why}", self._node_id)
         idem = self._backends.idempotency
         won = await quiet(idem.compare_and_reset(work.session_id, work.key, None, withdrawn))
