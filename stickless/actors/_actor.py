@@ -1,8 +1,7 @@
 """The session actor: one per session this node holds; owns the live handle, turn gate and relay.
 
-An actor exists on a node only while that node holds the session's lease. Its task runs only
-while its mailbox has work (an idle actor costs its handle and a little bookkeeping); messages are
-processed one at a time, so a turn, a drain and a stop never overlap on one node.
+It exists only while the node holds the session's lease, and its task runs only while there is
+work; messages are processed one at a time, so a turn, a drain and a stop never overlap.
 """
 
 from __future__ import annotations
