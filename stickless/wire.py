@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from ._errors import FailureCode
-from ._events import EVENT_ADAPTER, Event
+from ._events import EVENT_ADAPTER, Event, TurnFailed
 from ._types import (
     MAX_MESSAGE_CHARS,
     AttributeMap,
@@ -266,6 +266,17 @@ class Outcome(BaseModel):
     def final(self) -> bool:
         """Whether the key keeps this answer (DONE) or is left free for a fresh run (FAILED)."""
         return self.ok or self.failure_code.final
+
+    def unrun_frame(self, session_id: str) -> TurnFailed:
+        """The terminal frame of a turn answered with this failure without running."""
+        return TurnFailed(
+            session_id=session_id,
+            turn_id=self.turn_id,
+            seq=1,
+            code=self.failure_code,
+            message=self.message,
+            executed_by=self.executed_by,
+        )
 
     def encode(self) -> bytes:
         return pack(self.model_dump(mode="python"))

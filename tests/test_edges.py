@@ -22,7 +22,7 @@ from stickless import (
     TurnFailedError,
     TurnOutput,
 )
-from stickless.actors import Takeover, TurnWork
+from stickless.actors import TurnWork
 from stickless.backends.base import ReservationState
 from stickless.testing import LocalCluster
 from stickless.wire import (
@@ -261,7 +261,7 @@ def test_envelope_carries_options_and_open_attributes() -> None:
         **GOOD, options={"model": "m1"}, open_attributes={"tenant": "t1", "tags": ("a", "b")}
     )
     work = TurnWork.from_request(request, "turn-1", "c:k", "node-a")
-    decoded = TurnWork.from_envelope(Envelope.decode(work.to_envelope().encode()), Takeover.WON)
+    decoded = TurnWork.from_envelope(Envelope.decode(work.to_envelope().encode()))
     assert decoded.options == {"model": "m1"}
     assert decoded.open_attributes == {"tenant": "t1", "tags": ["a", "b"]}
 

@@ -3,7 +3,7 @@
 from ._actor import RunningTurn, SessionActor
 from ._host import ActorHost, StopReason
 from ._relay import EventRelay, RankedQueue, Subscriber, SubscriberHub, drain_subscriber
-from ._work import Takeover, TurnWork
+from ._work import TurnWork
 
 __all__ = [
     "ActorHost",
@@ -14,7 +14,6 @@ __all__ = [
     "StopReason",
     "Subscriber",
     "SubscriberHub",
-    "Takeover",
     "TurnWork",
     "drain_subscriber",
 ]

@@ -13,7 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import FailureCode
-from .._events import Event, Interrupted, Rejected, TurnCompleted, TurnFailed, TurnStarted
+from .._events import (
+    LATE_TERMINAL_SEQ,
+    Event,
+    Interrupted,
+    Rejected,
+    TurnCompleted,
+    TurnFailed,
+    TurnStarted,
+)
 from .._session import LiveSession, Transcript, TurnContext
 from .._types import CommittedEntry, Priority, TurnOutput
 from ..backends.base import (
@@ -178,10 +186,8 @@ class SessionActor:
             reason=reason,
             executed_by=self._host.node_id,
         )
-        await self._host.deliver_frames(work.session_id, [frame])
-        await self._host.complete(
-            work, _failure(work, FailureCode.INTERRUPTED, message, self._host.node_id)
-        )
+        failure = _failure(work, FailureCode.INTERRUPTED, message, self._host.node_id)
+        await self._host.complete(work, failure, frame=frame)
 
     def lose_lease(self) -> None:
         """Forget the lease at once (renewal failed or a write was fenced out): no further turn
@@ -351,10 +357,8 @@ class SessionActor:
             message=message,
             executed_by=self._host.node_id,
         )
-        await self._host.deliver_frames(work.session_id, [frame])
-        await self._host.complete(
-            work, _failure(work, FailureCode.CONFLICTING_AGENT, message, self._host.node_id)
-        )
+        failure = _failure(work, FailureCode.CONFLICTING_AGENT, message, self._host.node_id)
+        await self._host.complete(work, failure, frame=frame)
 
     async def _ensure_binding(self, work: TurnWork) -> bool:
         """Provision the record under this lease once; False when the message was answered."""
@@ -372,16 +376,17 @@ class SessionActor:
                 self.lose_lease()
                 return False
             except Exception as exc:
-                await self._host.complete(
-                    work,
-                    _failure(work, FailureCode.FAILED, f"record store: {exc}", self._host.node_id),
-                )
+                await self._fail_unrun(work, f"record store: {exc}")
                 return False
             self._provisioned = True
         if work.agent_ref != self.agent_ref:
             await self._reject(work)
             return False
         return True
+
+    async def _fail_unrun(self, work: TurnWork, message: str) -> None:
+        failure = _failure(work, FailureCode.FAILED, message, self._host.node_id)
+        await self._host.complete(work, failure, frame=failure.unrun_frame(work.session_id))
 
     def _put_back(self, work: TurnWork) -> None:
         self._mailbox.push(work)
@@ -394,15 +399,7 @@ class SessionActor:
             self._handle = await self._host.open_handle(self.session_id, work.agent_ref, attributes)
         except Exception as exc:
             log.exception("opener failed for %s", self.session_id)
-            await self._host.complete(
-                work,
-                _failure(
-                    work,
-                    FailureCode.FAILED,
-                    f"opening the session failed: {exc}",
-                    self._host.node_id,
-                ),
-            )
+            await self._fail_unrun(work, f"opening the session failed: {exc}")
             return None
         return self._handle
 
@@ -558,13 +555,17 @@ class SessionActor:
                 log.warning("turn of %s did not end in %.1fs; cancelling", self.session_id, bound)
                 task.cancel()
                 await asyncio.wait({task})
-                if running is not None:
-                    await self._host.complete(
-                        running.work,
-                        _failure(
-                            running.work, reason.interrupt_code, reason.value, self._host.node_id
-                        ),
+                if running is not None:  # its relay was aborted: the frame comes late
+                    work, node = running.work, self._host.node_id
+                    frame = Interrupted(
+                        session_id=work.session_id,
+                        turn_id=work.turn_id,
+                        seq=LATE_TERMINAL_SEQ,
+                        reason=reason.value,
+                        executed_by=node,
                     )
+                    failure = _failure(work, reason.interrupt_code, reason.value, node)
+                    await self._host.complete(work, failure, frame=frame)
         if self._last_relay is not None:
             # Terminal frames go out before the session's EVICT or hand-over is announced.
             await self._last_relay.flushed(self._host.config.release_interrupt_timeout)

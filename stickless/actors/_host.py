@@ -66,9 +66,11 @@ class ActorHost(Protocol):
         outcome: Outcome,
         commit: StagedCommit | None = None,
         before_announce: Callable[[Outcome], None] | None = None,
+        frame: Event | None = None,
     ) -> Outcome | None:
-        """Record and announce (calling `before_announce` with an outcome decided here just
-        before); the outcome announced (None: decided elsewhere or unknown).
+        """Record and announce (calling `before_announce` with an outcome decided here, or
+        delivering `frame`, just before); the outcome announced (None: decided elsewhere or
+        unknown).
 
         Raises:
             FencedOut: `commit` is under a lease older than the record's fence.

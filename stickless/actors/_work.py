@@ -2,28 +2,12 @@
 
 from __future__ import annotations
 
-import enum
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._types import PrimitiveMap, Principal, Priority, SubmitRequest, UserInput
 from ..wire import Envelope
-
-
-class Takeover(enum.Enum):
-    """How this node came to own a message's reservation (docs/architecture.md, "Holder loss")."""
-
-    SUBMITTED = "SUBMITTED"  # reserved by this node at submit time
-    WON = "WON"  # acquire_holder won at collect time
-    REJECTED = "REJECTED"  # the store said the reservation is someone else's
-    UNKNOWN = "UNKNOWN"  # acquire_holder raised: behave as won, never as rejected
-
-    @property
-    def owns(self) -> bool:
-        """Whether this node writes the outcome and watches the reservation."""
-        return self is not Takeover.REJECTED
-
 
 _order = itertools.count()
 
@@ -38,7 +22,6 @@ class TurnWork:
     agent_ref: str
     input: UserInput
     priority: Priority
-    takeover: Takeover
     submit_options: PrimitiveMap = field(default_factory=dict)
     initiator: Principal | None = None
     context_discriminator: str | None = None
@@ -59,7 +42,6 @@ class TurnWork:
             agent_ref=req.agent_ref,
             input=req.input,
             priority=req.priority,
-            takeover=Takeover.SUBMITTED,
             submit_options=dict(req.submit_options),
             initiator=req.initiator,
             context_discriminator=req.context_discriminator,
@@ -69,7 +51,7 @@ class TurnWork:
         )
 
     @classmethod
-    def from_envelope(cls, env: Envelope, takeover: Takeover) -> TurnWork:
+    def from_envelope(cls, env: Envelope) -> TurnWork:
         return cls(
             session_id=env.session_id,
             turn_id=env.turn_id,
@@ -77,7 +59,6 @@ class TurnWork:
             agent_ref=env.agent_ref,
             input=env.input,
             priority=env.priority,
-            takeover=takeover,
             submit_options=dict(env.submit_options),
             initiator=env.initiator,
             context_discriminator=env.context_discriminator,
@@ -107,3 +88,4 @@ class TurnWork:
     @property
     def sort_key(self) -> tuple[int, int]:
         return (int(self.priority), self.order)
+

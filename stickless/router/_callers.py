@@ -97,6 +97,13 @@ class CallerTable:
         forward.timer = loop.call_at(forward.deadline, self._deadline_reached, forward)
         self._forwards[forward.turn_id] = forward
 
+    def run_here(self, turn_id: str) -> None:
+        """The turn now runs on this node (it took the message over): its callers here wait on
+        a local turn, past any forward deadline."""
+        self._drop_forward(turn_id)
+        for waiter in self._waiters.get(turn_id, ()):
+            waiter.forwarded = False
+
     def tracked(self, forward: Forward) -> bool:
         """Whether `forward` is still the one followed for its turn."""
         return self._forwards.get(forward.turn_id) is forward

@@ -9,7 +9,7 @@ import time
 
 from .._errors import FailureCode, SessionBusyError
 from ..actors import SessionActor, StopReason, TurnWork
-from ..backends.base import Lease
+from ..backends.base import HeldElsewhere, Lease
 from ..wire import EvictPayload, Outcome, SignalKind, YieldPayload
 from ._background import io, log, quiet
 from ._callers import Forward
@@ -100,10 +100,9 @@ class Handover(SessionPart):
         why = "this node gave the session up and could not re-queue the message"
         for work in works:
             try:
-                if work.takeover.owns:
-                    await self._backends.idempotency.release_holder(
-                        work.session_id, work.key, self._node_id, queued_staleness(self._config)
-                    )
+                await self._backends.idempotency.release_holder(
+                    work.session_id, work.key, self._node_id, queued_staleness(self._config)
+                )
             except Exception as exc:  # still ours, and not queued: it never runs
                 log.warning("re-delivery of %s failed: %s", work.turn_id, exc)
                 await self._outcomes.fail(work, FailureCode.NOT_HOLDER, why)
@@ -111,7 +110,7 @@ class Handover(SessionPart):
             self._renewer.disown(work.session_id, work.key)
             handed = await self._outcomes.hand_on(work, FailureCode.NOT_HOLDER, why)
             if isinstance(handed, Outcome):  # withdrawn: it never runs
-                await self._outcomes.announce(work.session_id, work.key, handed)
+                await self._outcomes.announce_unrun(work.session_id, work.key, handed)
                 continue
             requeued += 1
             if self._callers.waiting(work.turn_id):
@@ -157,14 +156,20 @@ class Handover(SessionPart):
         self._evict_waiters.setdefault(session_id, []).append(evicted)
         payload = YieldPayload(purpose="delete" if delete else "release", requester=self._node_id)
         next_ask, delay = loop.time(), _END_POLL_FIRST
+        asked: tuple[str, int] | None = None
         try:
             while not evicted.is_set():
                 async with self._sessions.locks.hold(session_id):
-                    lease = await self._holder_lease(session_id)
-                    if lease is not None:
-                        await self._end_session(session_id, lease, delete=delete)
+                    held = await self._holder_lease(session_id)
+                    if isinstance(held, Lease):
+                        await self._end_session(session_id, held, delete=delete)
                         return
                 now = loop.time()
+                if (held.holder, held.token) != asked:
+                    # A holder that took the session meanwhile gets its own time to end it
+                    # (or, if it died, for its lease to run out), and is asked at once.
+                    asked, next_ask = (held.holder, held.token), now
+                    deadline = max(deadline, now + bound)
                 if now >= deadline:
                     raise SessionBusyError(
                         f"session {session_id} is held by another node that did not end it "
@@ -185,8 +190,8 @@ class Handover(SessionPart):
                 if not waiters:
                     del self._evict_waiters[session_id]
 
-    async def _holder_lease(self, session_id: str) -> Lease | None:
-        """This node's lease on the session (taken if free); None when held elsewhere."""
+    async def _holder_lease(self, session_id: str) -> Lease | HeldElsewhere:
+        """This node's lease on the session (taken if free), or who holds it elsewhere."""
         actor = self._sessions.get(session_id)
         if actor is not None and actor.lease is not None:
             return actor.lease
@@ -195,7 +200,7 @@ class Handover(SessionPart):
         won = await io(
             self._backends.leases.acquire(session_id, self._node_id, self._config.lease_ttl)
         )
-        return won if isinstance(won, Lease) else None
+        return won
 
     async def _end_session(self, session_id: str, lease: Lease, *, delete: bool) -> None:
         """Release/delete on the holder: stop, purge (EVICTED), release, broadcast EVICT."""

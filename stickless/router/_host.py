@@ -66,8 +66,9 @@ class NodeActorHost(RouterPart):
         outcome: Outcome,
         commit: StagedCommit | None = None,
         before_announce: Callable[[Outcome], None] | None = None,
+        frame: Event | None = None,
     ) -> Outcome | None:
-        return await self._outcomes.complete(work, outcome, commit, before_announce)
+        return await self._outcomes.complete(work, outcome, commit, before_announce, frame)
 
     async def take_over(self, message: InboundMessage) -> TurnWork | None:
         return await self._outcomes.take_over(message)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from .._errors import BackendUnavailableError, FailureCode
-from .._events import LATE_TERMINAL_SEQ, Interrupted
-from ..actors import Takeover, TurnWork
+from .._events import LATE_TERMINAL_SEQ, Event, Interrupted
+from ..actors import TurnWork
 from ..backends.base import (
     FencedOut,
     HolderTakeover,
@@ -25,11 +26,11 @@ from ._context import NodeContext, RouterPart
 from ._control import ControlChannel
 from ._keys import primary_ttl
 
+_T = TypeVar("_T")
+
 #: Backoff of writes retried while the store is out of reach (seconds).
 _RETRY_FIRST = 0.05
 _RETRY_CAP = 1.0
-#: Attempts at taking a collected message's reservation over before its outcome is unknown.
-_ACQUIRE_ATTEMPTS = 4
 #: How long (seconds) a delivery is sent again before it is withdrawn (or, failing that,
 #: followed): enough to ride out a store restart or a dropped connection; at most a quarter of
 #: `forward_ttl`, so a withdraw comes well before the message could be declared stale.
@@ -47,6 +48,11 @@ class TurnOutcomes(RouterPart):
         super().__init__(ctx)
         self._control = control
 
+    async def announce_unrun(self, session_id: str, key: str, failure: Outcome) -> None:
+        """Announce the recorded answer of a turn withdrawn before it ran, its frame first."""
+        await self._control.deliver_frames(session_id, [failure.unrun_frame(session_id)])
+        await self.announce(session_id, key, failure)
+
     async def announce(self, session_id: str, key: str, outcome: Outcome) -> None:
         """Answer the turn's callers here, then on every other node (TURN_RESULT)."""
         self._callers.resolve(outcome)
@@ -62,6 +68,7 @@ class TurnOutcomes(RouterPart):
         outcome: Outcome,
         commit: StagedCommit | None = None,
         before_announce: Callable[[Outcome], None] | None = None,
+        frame: Event | None = None,
     ) -> Outcome | None:
         """Record the outcome (with the turn's transcript entries, in the same atomic step),
         then answer local callers and the rail; returns the outcome announced, or None when the
@@ -78,6 +85,9 @@ class TurnOutcomes(RouterPart):
 
         `before_announce(outcome)` runs right before an outcome decided here is announced (the
         actor queues its terminal frame there, so subscribers get it ahead of the answer).
+        `frame` is the terminal frame of a turn that did not run through a relay (cancelled,
+        rejected or failed before it started): it is delivered at the same point, so a turn
+        whose answer was decided elsewhere never gets a frame that contradicts it.
 
         Raises:
             FencedOut: `commit` is under a lease older than the record's fence (nothing written).
@@ -86,17 +96,16 @@ class TurnOutcomes(RouterPart):
         recorded = await self._record(work, outcome, commit, patient=not free)
         if recorded is None:
             self._bg.spawn(self._record_later(work, outcome, commit), "mark-done-retry")
-            if free:
-                if before_announce is not None:
-                    before_announce(outcome)
-                await self.announce(work.session_id, work.key, outcome)
-                return outcome
-            self._callers.resolve(unknown(work.turn_id, self._config.forward_ttl))
-            return None
-        self._renewer.disown(work.session_id, work.key)
-        if recorded:
+            if not free:
+                self._callers.resolve(unknown(work.turn_id, self._config.forward_ttl))
+                return None
+        else:
+            self._renewer.disown(work.session_id, work.key)
+        if recorded is not False:
             if before_announce is not None:
                 before_announce(outcome)
+            if frame is not None:
+                await self._control.deliver_frames(work.session_id, [frame])
             await self.announce(work.session_id, work.key, outcome)
             return outcome
         found = await quiet(self._backends.idempotency.find(work.session_id, work.key))
@@ -114,9 +123,9 @@ class TurnOutcomes(RouterPart):
         return None
 
     async def fail(self, work: TurnWork, code: FailureCode, message: str) -> None:
-        """Complete work this node will not run with a failure of its own."""
+        """Complete work this node will not run with a failure of its own (and its frame)."""
         failure = Outcome.failure(work.turn_id, code, message, self._node_id)
-        await self.complete(work, failure)
+        await self.complete(work, failure, frame=failure.unrun_frame(work.session_id))
 
     async def _record(
         self, work: TurnWork, outcome: Outcome, commit: StagedCommit | None, *, patient: bool
@@ -195,33 +204,46 @@ class TurnOutcomes(RouterPart):
         return withdrawn if won else None
 
     async def take_over(self, message: InboundMessage) -> TurnWork | None:
-        """Take over a collected message's reservation (won / rejected / unknown).
+        """Take over a collected message's reservation; the work to run, or None when the
+        message must not run here.
 
-        Won, or unknown after retries: the message runs and this node records its outcome (the
-        record refuses a turn this node does not hold, so nothing of it commits). Rejected: the
-        store says the reservation is not this message's to take. If it already holds an answer for
-        this turn, that answer is re-sent; if it names a newer attempt with the same key, or no
-        longer exists (its caller was answered: refused, timed out or superseded), the message
-        is answered without running, so no request runs after its caller got an answer. Only
-        a reservation of this very turn held by another node is left to that node (a copy of
-        the message must never run twice).
+        Won: the message runs here (callers on this node that followed it from afar now wait
+        on a local turn). Rejected: the store says the reservation is not this message's to
+        take. If it already holds an answer for this turn, that answer is re-sent; if it names
+        a newer attempt with the same key, or no longer exists (its caller was answered:
+        refused, timed out or superseded), the message is answered without running, so no
+        request runs after its caller got an answer. A reservation of this very turn held by
+        another node is left to that node (a copy of the message must never run twice).
+        Unknown (the store stayed out of reach): the message does not run, since it may have
+        been withdrawn meanwhile; its reservation gets its answer from the holder-loss sweep
+        or its submitter's deadline, and callers here are told the answer is unknown.
         """
         env = message.envelope
-        takeover = await self._acquire(env.session_id, env.key, env.turn_id)
-        if takeover is not Takeover.REJECTED:
+        idem = self._backends.idempotency
+        acquired = await self._patiently(
+            lambda: idem.acquire_holder(
+                env.session_id,
+                env.key,
+                env.turn_id,
+                self._node_id,
+                self._config.idempotency_secondary_ttl,
+            )
+        )
+        if acquired == (HolderTakeover.WON,):
             self._renewer.own(env.session_id, env.key)
-            return TurnWork.from_envelope(env, takeover)
-        self._metrics.emit("on_takeover_rejected", env.session_id, env.key)
-        try:
-            found = await self._backends.idempotency.find(env.session_id, env.key)
-        except Exception as exc:
-            log.warning("find for %s/%s failed: %s", env.session_id, env.key, exc)
-            return TurnWork.from_envelope(env, takeover)
+            self._callers.run_here(env.turn_id)
+            return TurnWork.from_envelope(env)
+        if acquired is not None:
+            self._metrics.emit("on_takeover_rejected", env.session_id, env.key)
+            looked_up = await self._patiently(lambda: idem.find(env.session_id, env.key))
+        if acquired is None or looked_up is None:
+            log.warning("take-over of %s/%s left undecided: not run", env.session_id, env.key)
+            self._callers.resolve(unknown(env.turn_id, self._config.forward_ttl))
+            return None
+        (found,) = looked_up
         if found is not None and found.turn_id == env.turn_id:
-            if found.outcome is None:
-                return (
-                    None  # another node holds this very turn: it runs (or is declared lost) there
-                )
+            if found.outcome is None:  # another node holds this very turn: it runs there
+                return None
             answer = found.outcome
         else:
             answer = Outcome.failure(
@@ -233,24 +255,22 @@ class TurnOutcomes(RouterPart):
         await self.announce(env.session_id, env.key, answer)
         return None
 
-    async def _acquire(self, session_id: str, key: str, turn_id: str) -> Takeover:
-        """acquire_holder, retried a few times while the store is out of reach (a retry by the
-        same holder is answered WON again)."""
-        idem = self._backends.idempotency
+    async def _patiently(self, call: Callable[[], Awaitable[_T]]) -> tuple[_T] | None:
+        """Run a store call until it answers, for up to `forward_ttl` while the store is out of
+        reach (every call here is safe to repeat): its reply, or None when it never answered
+        (or the router closes meanwhile)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._config.forward_ttl
         delay = _RETRY_FIRST
-        for attempt in range(_ACQUIRE_ATTEMPTS):
+        while True:
             try:
-                result = await idem.acquire_holder(
-                    session_id, key, turn_id, self._node_id, self._config.idempotency_secondary_ttl
-                )
+                return (await call(),)
             except Exception as exc:
-                log.warning("acquire_holder for %s/%s failed: %s", session_id, key, exc)
-                if attempt + 1 < _ACQUIRE_ATTEMPTS:
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, _RETRY_CAP)
-                continue
-            return Takeover.WON if result is HolderTakeover.WON else Takeover.REJECTED
-        return Takeover.UNKNOWN
+                log.warning("store call failed, retrying: %s", exc)
+            if loop.time() + delay >= deadline or self._bg.closed:
+                return None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _RETRY_CAP)
 
     async def answer_unreadable(self, session_id: str, entry: UnreadableEntry) -> None:
         """Answer the submitter of an undecodable inbox entry at once with UNREADABLE."""
@@ -272,7 +292,7 @@ class TurnOutcomes(RouterPart):
 
     async def answer_evicted(self, message: InboundMessage) -> None:
         """A queued message of a released session: it never runs, its caller gets EVICTED."""
-        work = TurnWork.from_envelope(message.envelope, Takeover.WON)
+        work = TurnWork.from_envelope(message.envelope)
         await self.fail(work, FailureCode.EVICTED, "session released before the message ran")
 
     async def reset_stale(self, stale: Reservation) -> None:
@@ -308,3 +328,4 @@ class TurnOutcomes(RouterPart):
         )
         await self._control.deliver_frames(stale.session_id, [frame])
         await self.announce(stale.session_id, stale.key, outcome)
+

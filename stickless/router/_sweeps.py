@@ -135,8 +135,12 @@ class Sweeps(SessionPart):
             won = await quiet(
                 idem.compare_and_reset(forward.session_id, forward.key, None, withdrawn)
             )
+            if won:  # it never runs: its stream ends here
+                frame = withdrawn.unrun_frame(forward.session_id)
+                await self._control.deliver_frames(forward.session_id, [frame])
+                return withdrawn
             if won is not None:
-                return withdrawn if won else None
+                return None
             await asyncio.sleep(delay)
             delay *= 2
         return None
