@@ -171,7 +171,6 @@ async def test_holder_death_answers_running_and_collected_callers_with_holder_lo
         await warm.result
         # ...A collected both: one runs, the other waits in A's mailbox
         await journal.entered["running"].wait()
-        assert await cluster.backends.inbox.is_empty("s1")
         # When A dies abruptly (tasks stopped, connections cut, nothing released)
         started = asyncio.get_running_loop().time()
         await cluster.kill(a)

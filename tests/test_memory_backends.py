@@ -83,7 +83,7 @@ EVERY_OPERATION: dict[str, Operation] = {
     ),
     "records.delete": lambda b: b.records.delete("s1"),
     "inbox.deliver": lambda b: b.inbox.deliver(_envelope("t1")),
-    "inbox.collect": lambda b: b.inbox.collect("s1", Priority.LATER),
+    "inbox.collect": lambda b: b.inbox.collect("s1", Priority.LATER, 1),
     "inbox.is_empty": lambda b: b.inbox.is_empty("s1"),
     "inbox.purge": lambda b: b.inbox.purge("s1"),
     "inbox.pending_sessions": lambda b: b.inbox.pending_sessions(0.0),
@@ -146,7 +146,7 @@ async def test_links_share_data_and_survive_a_sibling_sever() -> None:
     assert await node_b.leases.current("s1") == lease
     record = await node_b.records.load("s1")
     assert record is not None and record.agent_ref == "agent-a"
-    batch = await node_b.inbox.collect("s1", Priority.LATER)
+    batch = await node_b.inbox.collect("s1", Priority.LATER, 1)
     assert [m.envelope.turn_id for m in batch.messages] == ["t1"]
 
 
@@ -259,7 +259,7 @@ async def test_every_time_decision_uses_the_store_clock() -> None:
     later_ids = await backends.events.append("s1", [TextDelta(text="c")])
     assert first_ids == ["1000000-0", "1000000-1"]
     assert later_ids == ["1020000-0"]
-    batch = await backends.inbox.collect("s1", Priority.LATER)
+    batch = await backends.inbox.collect("s1", Priority.LATER, 1)
     assert batch.messages[0].envelope.enqueued_at == 1000.0
     # And past the primary TTL the reservation is gone
     clock.now += 100.0
@@ -307,8 +307,9 @@ async def test_concurrent_delivers_from_threads_are_collected_exactly_once() -> 
     collected: list[str] = []
     delivering = asyncio.gather(*threads)
     while not delivering.done() or not await backends.inbox.is_empty("s1"):
-        batch = await backends.inbox.collect("s1", Priority.LATER)
+        batch = await backends.inbox.collect("s1", Priority.LATER, 1)
         collected += [m.message_id for m in batch.messages]
+        await backends.inbox.ack("s1", 1, [m.message_id for m in batch.messages])
         await asyncio.sleep(0)
     delivered = [mid for ids in await delivering for mid in ids]
     # Then every message came out exactly once

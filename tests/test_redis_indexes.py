@@ -81,7 +81,7 @@ async def test_pending_index_heals(bundle: RedisBackends) -> None:
     # Given a collected session (its entry is removed), a ghost entry for an empty inbox, and
     # a queued session whose entry was lost (a crash between the script and the index write)
     await inbox.deliver(envelope("t1", "s-collected"))
-    await inbox.collect("s-collected", Priority.LATER)
+    await inbox.collect("s-collected", Priority.LATER, 1)
     assert await client.zscore(index, "s-collected") is None
     await client.zadd(index, {"s-ghost": 0.0})
     await inbox.deliver(envelope("t2", "s-lost"))

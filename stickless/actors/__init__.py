@@ -3,13 +3,14 @@
 from ._actor import RunningTurn, SessionActor
 from ._host import ActorHost, StopReason
 from ._relay import EventRelay, RankedQueue, Subscriber, SubscriberHub, drain_subscriber
-from ._work import TurnWork
+from ._work import PendingEntry, TurnWork
 
 __all__ = [
     "ActorHost",
     "EventRelay",
     "RankedQueue",
     "RunningTurn",
+    "PendingEntry",
     "SessionActor",
     "StopReason",
     "Subscriber",

@@ -75,6 +75,9 @@ class SessionActor:
         self._cancel_next: str | None = None
         #: True while the loop collects the inbox before a turn.
         self._collecting = False
+        #: A collect failed: its batch may sit pending under this lease, unseen (the next full
+        #: collect takes this lease's pending entries back too).
+        self._collect_in_doubt = False
         self._task: asyncio.Task[None] | None = None
         self._handle: LiveSession | None = None
         self.running: RunningTurn | None = None
@@ -269,20 +272,26 @@ class SessionActor:
 
     async def _collect(self, max_priority: Priority) -> list[TurnWork]:
         """Move inbox messages into the mailbox (or return them when `max_priority` is NOW)."""
+        token = self.token
         if self.lease is None:
             return []
         try:
-            batch = await self._host.backends.inbox.collect(self.session_id, max_priority)
+            # After a collect that failed, its batch may be pending under this lease unseen.
+            batch = await self._host.backends.inbox.collect(
+                self.session_id, max_priority, token, reclaim_own=self._collect_in_doubt
+            )
         except Exception as exc:
             log.warning("collect failed for %s: %s", self.session_id, exc)
+            self._collect_in_doubt = True
             return []
+        self._collect_in_doubt = self._collect_in_doubt and max_priority is not Priority.LATER
         for entry in batch.unreadable:
-            await self._host.answer_unreadable(self.session_id, entry)
+            await self._host.answer_unreadable(self.session_id, entry, token)
         taken = [
             work
             for message in batch.messages
             if self._mailbox.admit(message.envelope.turn_id)
-            and (work := await self._host.take_over(message)) is not None
+            and (work := await self._host.take_over(message, token)) is not None
         ]
         kept = []
         for work in taken:

@@ -12,6 +12,14 @@ from ..wire import Envelope
 _order = itertools.count()
 
 
+@dataclass(frozen=True, slots=True)
+class PendingEntry:
+    """Where a collected message waits in its session's pending set until it is answered."""
+
+    token: int
+    message_id: str
+
+
 @dataclass
 class TurnWork:
     """One message to run as a turn on the holder."""
@@ -31,6 +39,9 @@ class TurnWork:
     open_attributes: dict[str, Any] = field(default_factory=dict)
     origin: str = ""
     enqueued_at: float = 0.0
+    #: The inbox entry this work came from (None: submitted on this node), acknowledged once
+    #: the work's answer is recorded.
+    pending: PendingEntry | None = None
     order: int = field(default_factory=lambda: next(_order))
 
     @classmethod
@@ -51,7 +62,7 @@ class TurnWork:
         )
 
     @classmethod
-    def from_envelope(cls, env: Envelope) -> TurnWork:
+    def from_envelope(cls, env: Envelope, pending: PendingEntry | None = None) -> TurnWork:
         return cls(
             session_id=env.session_id,
             turn_id=env.turn_id,
@@ -66,6 +77,7 @@ class TurnWork:
             open_attributes=dict(env.open_attributes),
             origin=env.origin,
             enqueued_at=env.enqueued_at,
+            pending=pending,
         )
 
     def to_envelope(self) -> Envelope:

@@ -255,14 +255,27 @@ class Inbox(Protocol):
         know whether a delivery went through sends it again with the same id)."""
         ...
 
-    async def collect(self, session_id: str, max_priority: Priority) -> CollectedBatch:
-        """Atomically remove every entry of tiers <= `max_priority`; decode per entry."""
+    async def collect(
+        self, session_id: str, max_priority: Priority, token: int, *, reclaim_own: bool = False
+    ) -> CollectedBatch:
+        """Atomically move every entry of tiers <= `max_priority` into the session's pending
+        set under lease `token` and return them, decoded per entry. A full collect (`max_priority`
+        LATER) also returns, moved under `token`, the pending entries of older leases (a holder
+        that stopped before acknowledging them) and, with `reclaim_own`, those already under
+        `token` (after a collect whose reply never arrived). An entry leaves the pending set only
+        by `ack` or `purge`, so nothing collected is lost."""
         ...
 
-    async def is_empty(self, session_id: str) -> bool: ...
+    async def ack(self, session_id: str, token: int, message_ids: Sequence[str]) -> None:
+        """Drop answered entries from the pending set (ids not pending under `token`: no-op)."""
+        ...
+
+    async def is_empty(self, session_id: str) -> bool:
+        """True when nothing is queued or pending for the session."""
+        ...
 
     async def purge(self, session_id: str) -> CollectedBatch:
-        """Remove everything queued for the session and return what was removed."""
+        """Remove everything queued or pending for the session and return what was removed."""
         ...
 
     async def pending_sessions(self, older_than: float) -> list[str]:

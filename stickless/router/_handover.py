@@ -109,6 +109,8 @@ class Handover(SessionPart):
                 continue
             self._renewer.disown(work.session_id, work.key)
             handed = await self._outcomes.hand_on(work, FailureCode.NOT_HOLDER, why)
+            if handed is not None:  # queued anew, or withdrawn: this copy is done with
+                await self._outcomes.ack(work.session_id, work.pending)
             if isinstance(handed, Outcome):  # withdrawn: it never runs
                 await self._outcomes.announce_unrun(work.session_id, work.key, handed)
                 continue

@@ -70,11 +70,13 @@ class NodeActorHost(RouterPart):
     ) -> Outcome | None:
         return await self._outcomes.complete(work, outcome, commit, before_announce, frame)
 
-    async def take_over(self, message: InboundMessage) -> TurnWork | None:
-        return await self._outcomes.take_over(message)
+    async def take_over(self, message: InboundMessage, token: int) -> TurnWork | None:
+        return await self._outcomes.take_over(message, token)
 
-    async def answer_unreadable(self, session_id: str, entry: UnreadableEntry) -> None:
-        await self._outcomes.answer_unreadable(session_id, entry)
+    async def answer_unreadable(
+        self, session_id: str, entry: UnreadableEntry, token: int
+    ) -> None:
+        await self._outcomes.answer_unreadable(session_id, entry, token)
 
     def holds_lease(self, session_id: str, token: int) -> bool:
         return self._renewer.holds(session_id, token)

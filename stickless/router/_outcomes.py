@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from .._errors import BackendUnavailableError, FailureCode
 from .._events import LATE_TERMINAL_SEQ, Event, Interrupted
-from ..actors import TurnWork
+from ..actors import PendingEntry, TurnWork
 from ..backends.base import (
     FencedOut,
     HolderTakeover,
@@ -101,6 +101,7 @@ class TurnOutcomes(RouterPart):
                 return None
         else:
             self._renewer.disown(work.session_id, work.key)
+            await self.ack(work.session_id, work.pending)
         if recorded is not False:
             if before_announce is not None:
                 before_announce(outcome)
@@ -176,6 +177,7 @@ class TurnOutcomes(RouterPart):
                 continue
             break
         self._renewer.disown(work.session_id, work.key)
+        await self.ack(work.session_id, work.pending)
 
     async def hand_on(self, work: TurnWork, code: FailureCode, why: str) -> str | Outcome | None:
         """Queue a message for whoever holds its session, sending it again (with the same
@@ -203,7 +205,7 @@ class TurnOutcomes(RouterPart):
         won = await quiet(idem.compare_and_reset(work.session_id, work.key, None, withdrawn))
         return withdrawn if won else None
 
-    async def take_over(self, message: InboundMessage) -> TurnWork | None:
+    async def take_over(self, message: InboundMessage, token: int) -> TurnWork | None:
         """Take over a collected message's reservation; the work to run, or None when the
         message must not run here.
 
@@ -215,10 +217,12 @@ class TurnOutcomes(RouterPart):
         request runs after its caller got an answer. A reservation of this very turn held by
         another node is left to that node (a copy of the message must never run twice).
         Unknown (the store stayed out of reach): the message does not run, since it may have
-        been withdrawn meanwhile; its reservation gets its answer from the holder-loss sweep
-        or its submitter's deadline, and callers here are told the answer is unknown.
+        been withdrawn meanwhile; it stays pending for a later holder to decide, and callers
+        here are told the answer is unknown. A message that does not run here is acknowledged
+        (it left the pending set) once that is decided.
         """
         env = message.envelope
+        pending = PendingEntry(token, message.message_id)
         idem = self._backends.idempotency
         acquired = await self._patiently(
             lambda: idem.acquire_holder(
@@ -232,7 +236,7 @@ class TurnOutcomes(RouterPart):
         if acquired == (HolderTakeover.WON,):
             self._renewer.own(env.session_id, env.key)
             self._callers.run_here(env.turn_id)
-            return TurnWork.from_envelope(env)
+            return TurnWork.from_envelope(env, pending)
         if acquired is not None:
             self._metrics.emit("on_takeover_rejected", env.session_id, env.key)
             looked_up = await self._patiently(lambda: idem.find(env.session_id, env.key))
@@ -243,6 +247,7 @@ class TurnOutcomes(RouterPart):
         (found,) = looked_up
         if found is not None and found.turn_id == env.turn_id:
             if found.outcome is None:  # another node holds this very turn: it runs there
+                await self.ack(env.session_id, pending)
                 return None
             answer = found.outcome
         else:
@@ -253,7 +258,16 @@ class TurnOutcomes(RouterPart):
                 self._node_id,
             )
         await self.announce(env.session_id, env.key, answer)
+        await self.ack(env.session_id, pending)
         return None
+
+    async def ack(self, session_id: str, pending: PendingEntry | None) -> None:
+        """Drop an answered message from its session's pending set (a failure leaves it for a
+        later holder, which finds its answer and acknowledges it then)."""
+        if pending is not None:
+            await quiet(
+                self._backends.inbox.ack(session_id, pending.token, [pending.message_id])
+            )
 
     async def _patiently(self, call: Callable[[], Awaitable[_T]]) -> tuple[_T] | None:
         """Run a store call until it answers, for up to `forward_ttl` while the store is out of
@@ -272,8 +286,13 @@ class TurnOutcomes(RouterPart):
             await asyncio.sleep(delay)
             delay = min(delay * 2, _RETRY_CAP)
 
-    async def answer_unreadable(self, session_id: str, entry: UnreadableEntry) -> None:
-        """Answer the submitter of an undecodable inbox entry at once with UNREADABLE."""
+    async def answer_unreadable(
+        self, session_id: str, entry: UnreadableEntry, token: int | None = None
+    ) -> None:
+        """Answer the submitter of an undecodable inbox entry at once with UNREADABLE (and drop
+        the entry from the pending set of lease `token`, when it was collected)."""
+        if token is not None:
+            await self.ack(session_id, PendingEntry(token, entry.message_id))
         if entry.turn_id is None:
             return
         outcome = Outcome.failure(

@@ -39,7 +39,7 @@ async def test_deliver_returns_unique_ids_and_stamps_enqueue_time(backends: Back
     redelivered = _envelope("t2", enqueued_at=12.5)
     # When both are delivered and collected
     ids = [await backends.inbox.deliver(fresh), await backends.inbox.deliver(redelivered)]
-    batch = await backends.inbox.collect("s1", Priority.LATER)
+    batch = await backends.inbox.collect("s1", Priority.LATER, 1)
     # Then ids are distinct, the fresh one got the store's time, the original time was kept,
     # and everything else survived the round trip
     assert len(set(ids)) == 2
@@ -62,10 +62,13 @@ async def test_collect_orders_by_priority_then_fifo(backends: Backends) -> None:
     ]:
         await backends.inbox.deliver(_envelope(turn_id, priority))
     # When every tier is collected
-    batch = await backends.inbox.collect("s1", Priority.LATER)
+    batch = await backends.inbox.collect("s1", Priority.LATER, 1)
     # Then NOW comes first, then NEXT, then LATER, each in delivery order, and nothing is left
+    # once they are acknowledged
     assert _turns(batch) == ["now-1", "now-2", "next-1", "next-2", "later-1", "later-2"]
     assert batch.unreadable == []
+    assert not await backends.inbox.is_empty("s1")
+    await backends.inbox.ack("s1", 1, [m.message_id for m in batch.messages])
     assert await backends.inbox.is_empty("s1")
 
 
@@ -74,7 +77,7 @@ async def test_redelivered_message_keeps_its_place(backends: Backends) -> None:
     await backends.inbox.deliver(_envelope("newer"))
     await backends.inbox.deliver(_envelope("older", enqueued_at=1.0))
     # When the tier is collected
-    batch = await backends.inbox.collect("s1", Priority.NEXT)
+    batch = await backends.inbox.collect("s1", Priority.NEXT, 1)
     # Then the older message comes first
     assert _turns(batch) == ["older", "newer"]
 
@@ -85,18 +88,18 @@ async def test_collect_now_only_leaves_lower_tiers(backends: Backends) -> None:
     await backends.inbox.deliver(_envelope("next", Priority.NEXT))
     await backends.inbox.deliver(_envelope("now", Priority.NOW))
     # When only NOW is collected
-    batch = await backends.inbox.collect("s1", Priority.NOW)
+    batch = await backends.inbox.collect("s1", Priority.NOW, 1)
     # Then only the NOW message comes out; the rest stays queued in order
     assert _turns(batch) == ["now"]
     assert not await backends.inbox.is_empty("s1")
-    rest = await backends.inbox.collect("s1", Priority.LATER)
+    rest = await backends.inbox.collect("s1", Priority.LATER, 1)
     assert _turns(rest) == ["next", "later"]
 
 
 async def test_collect_of_empty_inbox_is_an_empty_batch(backends: Backends) -> None:
     # Given a session with nothing queued
     # When it is collected
-    batch = await backends.inbox.collect("s1", Priority.LATER)
+    batch = await backends.inbox.collect("s1", Priority.LATER, 1)
     # Then the batch is empty and falsy
     assert not batch
     assert batch.messages == [] and batch.unreadable == []
@@ -107,7 +110,7 @@ async def test_sessions_are_isolated(backends: Backends) -> None:
     await backends.inbox.deliver(_envelope("a", session_id="s1"))
     await backends.inbox.deliver(_envelope("b", session_id="s2"))
     # When one session is collected
-    batch = await backends.inbox.collect("s1", Priority.LATER)
+    batch = await backends.inbox.collect("s1", Priority.LATER, 1)
     # Then only its message comes out
     assert _turns(batch) == ["a"]
     assert not await backends.inbox.is_empty("s2")
@@ -126,15 +129,17 @@ async def test_purge_removes_every_tier(backends: Backends) -> None:
     assert not await backends.inbox.purge("s1")
 
 
-async def test_is_empty_tracks_deliver_and_collect(backends: Backends) -> None:
+async def test_is_empty_tracks_deliver_collect_and_ack(backends: Backends) -> None:
     # Given a session never written to
     assert await backends.inbox.is_empty("s1")
-    # When a message is delivered, then collected
+    # When a message is delivered, collected, then acknowledged
     await backends.inbox.deliver(_envelope("t1", Priority.LATER))
     after_deliver = await backends.inbox.is_empty("s1")
-    await backends.inbox.collect("s1", Priority.LATER)
-    # Then the inbox was non-empty in between and is empty again
-    assert not after_deliver
+    batch = await backends.inbox.collect("s1", Priority.LATER, 1)
+    after_collect = await backends.inbox.is_empty("s1")
+    await backends.inbox.ack("s1", 1, [batch.messages[0].message_id])
+    # Then the inbox was non-empty until the message was acknowledged
+    assert not after_deliver and not after_collect
     assert await backends.inbox.is_empty("s1")
 
 
@@ -153,7 +158,7 @@ async def test_pending_sessions_reports_old_queued_entries(
     await backends.inbox.deliver(_envelope("t2", session_id="s-new"))
     assert "s-new" not in await backends.inbox.pending_sessions(3600)
     assert "s-old" not in await backends.inbox.pending_sessions(3600)
-    await backends.inbox.collect("s-old", Priority.LATER)
+    await backends.inbox.collect("s-old", Priority.LATER, 1)
     assert "s-old" not in await backends.inbox.pending_sessions(0.0)
 
 
@@ -167,7 +172,7 @@ async def test_corrupt_entry_does_not_take_its_batch_with_it(
     second = await backends.inbox.deliver(_envelope("good-2"))
     # When the session is collected
     with caplog.at_level(logging.WARNING):
-        batch = await backends.inbox.collect("s1", Priority.LATER)
+        batch = await backends.inbox.collect("s1", Priority.LATER, 1)
     # Then the good ones come back in order, the corrupt one with its salvaged addresses,
     # the inbox is empty, and the warning names the session and message but not the payload
     assert [m.message_id for m in batch.messages] == [first, second]
@@ -179,7 +184,7 @@ async def test_corrupt_entry_does_not_take_its_batch_with_it(
         "k-bad",
     )
     assert unreadable.reason
-    assert await backends.inbox.is_empty("s1")
+    assert not await backends.inbox.collect("s1", Priority.LATER, 1)  # nothing left queued
     warnings = [
         r for r in caplog.records if r.levelno == logging.WARNING and bad_id in r.getMessage()
     ]

@@ -20,12 +20,12 @@ KILLED_NODE_ANSWERS_BUG = False
 #: with EVICTED while the turn ran on and committed. While True, exactly that symptom (an
 #: attached caller told EVICTED about a turn that was not evicted) is listed.
 ATTACHED_EVICT_BUG = False
-#: (open, narrowed) A failing pending-index cleanup no longer loses a collected batch, but when
-#: the take's own reply is lost (the server went down right after running it) the batch is
-#: still gone: the forwarded turn never runs and its caller is answered by its forward deadline
-#: (FORWARD_TIMEOUT) or the holderless reservation's stale sweep, both within forward_ttl.
-#: Closing it needs a two-phase (claim, then acknowledge) collect.
-LOST_COLLECT_BUG = True
+#: (fixed) When the inbox take's reply was lost (the server went down right after running it,
+#: or the retry failed too), the batch it took was gone: the forwarded turn never ran and its
+#: caller was answered by its forward deadline (FORWARD_TIMEOUT). A collect now moves entries
+#: into a pending set that only an acknowledgement after the answer is recorded empties, and the
+#: holder takes its own pending entries back after a failed collect.
+LOST_COLLECT_BUG = False
 #: (fixed) A submit refused with BackendUnavailableError ("nothing reserved") whose reservation
 #: could not be discarded leaves the key reserved (holderless, IN_FLIGHT) for forward_ttl; the
 #: client's retry with the same key attaches to a turn that was never queued and is answered

@@ -81,6 +81,8 @@ class State:
         self.leases: dict[str, LeaseRow] = {}
         self.records: dict[str, RecordRow] = {}
         self.inbox: dict[str, dict[Priority, deque[InboxRow]]] = {}
+        #: Per session, per lease token: collected entries not yet acknowledged, by message id.
+        self.pending: dict[str, dict[int, dict[str, InboxRow]]] = {}
         self.message_seq = 0
         self.reservations: dict[tuple[str, str], ReservationRow] = {}
         #: Per session, a bounded deque of (event id, encoded frame), oldest first.

@@ -193,8 +193,12 @@ class MemoryInbox:
         with self._link.open() as state:
             return _append_locked(state, session_id, priority, data, state.clock())
 
-    async def collect(self, session_id: str, max_priority: Priority) -> CollectedBatch:
-        """Remove every entry of tiers <= `max_priority` at once, then decode per entry."""
+    async def collect(
+        self, session_id: str, max_priority: Priority, token: int, *, reclaim_own: bool = False
+    ) -> CollectedBatch:
+        """Move every entry of tiers <= `max_priority` into the pending set under `token`
+        (a full collect also takes over older leases' pending entries, and this lease's with
+        `reclaim_own`), then decode per entry."""
         with self._link.open() as state:
             tiers = state.inbox.get(session_id, {})
             rows: list[InboxRow] = []
@@ -203,18 +207,47 @@ class MemoryInbox:
                     rows.extend(tiers.pop(priority))
             if not tiers:
                 state.inbox.pop(session_id, None)
+            by_token = state.pending.setdefault(session_id, {})
+            mine = by_token.setdefault(token, {})
+            if max_priority is Priority.LATER:
+                limit = token if reclaim_own else token - 1
+                for older in sorted(t for t in by_token if t <= limit):
+                    left = by_token[older] if older == token else by_token.pop(older)
+                    rows.extend(left.values())
+                    mine.update(left)
+            mine.update((row.message_id, row) for row in rows)
+            if not mine:
+                del by_token[token]
+            if not by_token:
+                del state.pending[session_id]
         return _decode_rows(session_id, rows)
 
-    async def is_empty(self, session_id: str) -> bool:
-        """True when nothing is queued for the session."""
+    async def ack(self, session_id: str, token: int, message_ids: Sequence[str]) -> None:
+        """Drop answered entries from the pending set."""
         with self._link.open() as state:
-            return session_id not in state.inbox
+            by_token = state.pending.get(session_id, {})
+            mine = by_token.get(token)
+            if mine is None:
+                return
+            for message_id in message_ids:
+                mine.pop(message_id, None)
+            if not mine:
+                del by_token[token]
+            if not by_token:
+                state.pending.pop(session_id, None)
+
+    async def is_empty(self, session_id: str) -> bool:
+        """True when nothing is queued or pending for the session."""
+        with self._link.open() as state:
+            return session_id not in state.inbox and session_id not in state.pending
 
     async def purge(self, session_id: str) -> CollectedBatch:
-        """Remove every tier and return what was removed."""
+        """Remove every tier and every pending entry, and return what was removed."""
         with self._link.open() as state:
             tiers = state.inbox.pop(session_id, {})
+            pending = state.pending.pop(session_id, {})
         rows = [row for priority in sorted(tiers) for row in tiers[priority]]
+        rows += [row for token in sorted(pending) for row in pending[token].values()]
         return _decode_rows(session_id, rows)
 
     async def pending_sessions(self, older_than: float) -> list[str]:

@@ -10,9 +10,10 @@ if find_spec("redis") is None:
 from ._bundle import RedisBackends, Retention
 from ._eventlog import RedisEventLog
 from ._idempotency import RedisIdempotencyStore
+from ._inbox import RedisInbox
 from ._keys import Keys
 from ._signals import RedisSignalBus, RedisSubscription
-from ._stores import RedisInbox, RedisLeaseStore, RedisRecordStore
+from ._stores import RedisLeaseStore, RedisRecordStore
 
 __all__ = [
     "Keys",

@@ -23,10 +23,11 @@ from ..base import (
 )
 from ._eventlog import RedisEventLog
 from ._idempotency import RedisIdempotencyStore
+from ._inbox import RedisInbox
 from ._keys import Keys
 from ._scripts import Scripts
 from ._signals import RedisSignalBus
-from ._stores import RedisInbox, RedisLeaseStore, RedisRecordStore
+from ._stores import RedisLeaseStore, RedisRecordStore
 
 #: Default bound (seconds) of connecting and of waiting for one reply.
 DEFAULT_SOCKET_TIMEOUT = 5.0

@@ -64,6 +64,13 @@ class Keys:
         tag = self.tag(session_id)
         return [f"{tag}:inbox:{int(priority)}" for priority in TIERS]
 
+    def pending(self, session_id: str) -> list[str]:
+        """The pending set of collected, unacknowledged entries: a sorted set of message ids
+        scored by the lease token that holds them, and a hash of each one's packed {envelope,
+        arrival}; both expire `inbox_ttl` after their last write."""
+        tag = self.tag(session_id)
+        return [f"{tag}:pending:ids", f"{tag}:pending:entries"]
+
     def delivery(self, session_id: str, delivery_id: str) -> str:
         """String "stream id arrival" of one recent delivery (a rerun appends once); expires."""
         return f"{self.tag(session_id)}:delivery:{_check_name('delivery id', delivery_id)}"

@@ -39,6 +39,7 @@ class Scripts:
         self.record_provision = load("record_provision")
         self.inbox_deliver = load("inbox_deliver")
         self.inbox_take = load("inbox_take")
+        self.inbox_ack = load("inbox_ack")
         self.inbox_oldest = load("inbox_oldest")
         self.index_due = load("index_due")
         self.index_rescore = load("index_rescore")

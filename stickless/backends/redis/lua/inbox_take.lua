@@ -1,15 +1,44 @@
--- KEYS: the session's tier streams, this take's key. ARGV: highest tier index to take, seconds
--- the take is remembered.
--- Removes every entry of tiers 0..ARGV[1] at once (the streams are deleted whole). The reply is
--- kept under this take's key, so the same call run again after a lost reply answers the very
--- same batch instead of an empty one.
--- Reply: {now, tiers still holding entries, {tier, id, envelope, arrival, ...}}; a field the
--- entry lacks comes back as nil, for the caller to report that entry unreadable.
+-- KEYS: the session's tier streams (NOW, NEXT, LATER), this take's key, the pending ids (sorted
+-- set: message id by lease token) and the pending entries (hash: message id -> packed
+-- {envelope, arrival}).
+-- ARGV: highest tier index to take, seconds the take is remembered, lease token, highest token
+-- whose pending entries are taken over too (-1: none), ms the pending set lives after a write,
+-- 1 to purge (everything is removed, nothing is kept pending).
+-- Moves every entry of tiers 0..ARGV[1] into the pending set under the token (the streams are
+-- deleted whole) together with the pending entries of tokens up to ARGV[4]. The reply is kept
+-- under this take's key, so the same call run again after a lost reply answers the very same
+-- batch instead of an empty one.
+-- Reply: {now, tiers still holding entries, {message id, envelope, arrival, ...}}; a field the
+-- entry lacks (or a pending entry whose payload is gone) comes back as nil, for the caller to
+-- report that entry unreadable.
 local kept = redis.call('GET', KEYS[4])
 if kept then
   return cmsgpack.unpack(kept)
 end
+local token, purge = ARGV[3], ARGV[6] == '1'
 local out = {}
+local function add(id, data, arrived)
+  table.insert(out, id)
+  table.insert(out, data)
+  table.insert(out, arrived)
+end
+local reclaim = tonumber(ARGV[4])
+if purge or reclaim >= 0 then
+  local ids = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', purge and '+inf' or reclaim)
+  for _, id in ipairs(ids) do
+    local packed = redis.call('HGET', KEYS[6], id)
+    if packed then
+      local entry = cmsgpack.unpack(packed)
+      add(id, entry[1], entry[2])
+      if not purge then
+        redis.call('ZADD', KEYS[5], token, id)
+      end
+    else
+      add(id, false, false)
+      redis.call('ZREM', KEYS[5], id)
+    end
+  end
+end
 for i = 1, tonumber(ARGV[1]) + 1 do
   local entries = redis.call('XRANGE', KEYS[i], '-', '+')
   for _, entry in ipairs(entries) do
@@ -22,14 +51,22 @@ for i = 1, tonumber(ARGV[1]) + 1 do
         arrived = fields[j + 1]
       end
     end
-    table.insert(out, i - 1)
-    table.insert(out, entry[1])
-    table.insert(out, data)
-    table.insert(out, arrived)
+    local id = (i - 1) .. ':' .. entry[1]
+    add(id, data, arrived)
+    if not purge then
+      redis.call('ZADD', KEYS[5], token, id)
+      redis.call('HSET', KEYS[6], id, cmsgpack.pack({data, arrived}))
+    end
   end
   if #entries > 0 then
     redis.call('DEL', KEYS[i])
   end
+end
+if purge then
+  redis.call('DEL', KEYS[5], KEYS[6])
+elseif #out > 0 then
+  redis.call('PEXPIRE', KEYS[5], ARGV[5])
+  redis.call('PEXPIRE', KEYS[6], ARGV[5])
 end
 local reply = {fmt(now()), redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3]), out}
 if #out > 0 then

@@ -1,0 +1,178 @@
+"""The Redis inbox: tier streams per session, a pending set of collected entries, and the
+cluster-wide pending-sessions index."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from redis.asyncio import Redis
+
+from ..._types import Priority
+from ...wire import Envelope
+from ..base import CollectedBatch, decode_entries
+from ._keys import TIERS, Keys
+from ._role import _SCAN_BATCH, _SCAN_ROUNDS, _ms, _num, _Role, _text
+from ._scripts import Call, Scripts, run_batch
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a delivery id (and a take's reply) is remembered: far longer than any retry of one
+#: call takes.
+_DELIVERY_MEMORY = 3600
+
+
+def _decode_entries(session_id: str, flat: Sequence[Any]) -> CollectedBatch:
+    """Decode taken entries one by one (see `base.decode_entries`); `flat` repeats (message id,
+    encoded envelope or None, arrival time as stored or None). The stored fields are handed over
+    raw: parsing them is part of the per-entry decode, never of the batch."""
+    return decode_entries(
+        session_id,
+        ((_text(flat[i]), flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)),
+    )
+
+
+class RedisInbox(_Role):
+    """One stream per priority tier per session, the session's pending set, and the
+    cluster-wide pending-sessions index.
+
+    A collect moves the tiers' entries into the pending set under the collecting lease's token
+    (the streams are deleted whole); an entry leaves it when its holder acknowledges it after
+    recording its answer, and a later lease takes over what an earlier one left. Streams and
+    pending set expire `ttl` after their last write (a safety net: past `forward_ttl` every
+    caller waiting on them was answered).
+
+    The index holds, per session with queued messages, a lower bound of its oldest arrival time.
+    It is written after the session's scripts by separate commands (a session and the index live
+    in different slots) and healed by `pending_sessions`, which checks every candidate against
+    the session's own streams.
+    """
+
+    def __init__(self, client: Redis, scripts: Scripts, keys: Keys, ttl: float) -> None:
+        super().__init__(client, scripts, keys)
+        self._ttl = ttl
+
+    async def deliver(self, envelope: Envelope, delivery_id: str | None = None) -> str:
+        """Append the envelope to its tier, once per `delivery_id`; collect stamps
+        `enqueued_at` when it is 0."""
+        return await self._append(
+            envelope.session_id, envelope.priority, envelope.encode(), delivery_id
+        )
+
+    async def deliver_raw(self, session_id: str, priority: Priority, data: bytes) -> str:
+        """Test hook: append arbitrary bytes (to plant corrupt entries)."""
+        return await self._append(session_id, priority, data, None)
+
+    async def _append(
+        self, session_id: str, priority: Priority, data: bytes, delivery_id: str | None
+    ) -> str:
+        # One id per delivery: redis-py sends the very same call again after a lost reply (and
+        # a caller may, with the same id), and the script appends a delivery id only once.
+        delivery_id = delivery_id or uuid.uuid4().hex
+        stream_id, arrived, was_empty = await self._scripts.inbox_deliver(
+            keys=[*self._keys.inbox(session_id), self._keys.delivery(session_id, delivery_id)],
+            args=[TIERS.index(priority), data, _DELIVERY_MEMORY, _ms(self._ttl)],
+        )
+        # First message: the exact arrival time. Otherwise only fill a missing entry (a crash
+        # between script and index write); a present one already scores an older arrival.
+        # The message is queued by now: an index failure must not report the delivery failed
+        # (the index only serves the orphan scan, and the next delivery refills it).
+        try:
+            await self._client.zadd(
+                self._keys.pending_index, {session_id: float(arrived)}, nx=not int(was_empty)
+            )
+        except Exception as exc:
+            logger.warning("pending index update for %s failed: %s", session_id, exc)
+        return f"{int(priority)}:{_text(stream_id)}"
+
+    async def collect(
+        self, session_id: str, max_priority: Priority, token: int, *, reclaim_own: bool = False
+    ) -> CollectedBatch:
+        """Move every entry of tiers <= `max_priority` into the pending set under `token` (a
+        full collect also takes over older leases' pending entries, and this lease's with
+        `reclaim_own`), then decode per entry."""
+        reclaim = -1
+        if max_priority is Priority.LATER:
+            reclaim = token if reclaim_own else token - 1
+        return await self._take(session_id, TIERS.index(max_priority), token, reclaim, purge=False)
+
+    async def ack(self, session_id: str, token: int, message_ids: Sequence[str]) -> None:
+        """Drop answered entries from the pending set (one script, safe to run again)."""
+        if message_ids:
+            await self._scripts.inbox_ack(
+                keys=self._keys.pending(session_id), args=[token, *message_ids]
+            )
+
+    async def purge(self, session_id: str) -> CollectedBatch:
+        """Remove every tier and the pending set, and return what was removed."""
+        return await self._take(session_id, len(TIERS) - 1, 0, -1, purge=True)
+
+    async def _take(
+        self, session_id: str, last_tier: int, token: int, reclaim: int, *, purge: bool
+    ) -> CollectedBatch:
+        # One id per take: redis-py sends the very same call again after a lost reply, and the
+        # rerun answers the batch the first run took (instead of nothing).
+        keys = self._keys
+        take_id = uuid.uuid4().hex
+        taken_at, remaining, flat = await self._scripts.inbox_take(
+            keys=[
+                *keys.inbox(session_id),
+                keys.take(session_id, take_id),
+                *keys.pending(session_id),
+            ],
+            args=[last_tier, _DELIVERY_MEMORY, token, reclaim, _ms(self._ttl), int(purge)],
+        )
+        if flat and not int(remaining):
+            # The entries are out of the streams by now: an index failure must not fail the
+            # take (a stale index entry is dropped by the next pending_sessions scan).
+            try:
+                await self._scripts.index_drop(
+                    keys=[keys.pending_index], args=[session_id, _text(taken_at)]
+                )
+            except Exception as exc:
+                logger.warning("pending index cleanup for %s failed: %s", session_id, exc)
+        return _decode_entries(session_id, flat)
+
+    async def is_empty(self, session_id: str) -> bool:
+        """True when nothing is queued or pending for the session."""
+        keys = self._keys
+        return await self._client.exists(*keys.inbox(session_id), keys.pending(session_id)[0]) == 0
+
+    async def pending_sessions(self, older_than: float) -> list[str]:
+        """Sessions whose oldest queued entry arrived more than `older_than` seconds ago.
+
+        Candidates come from the index; each is checked against its streams: an empty inbox
+        drops its entry (unless a delivery rescored it meanwhile), a younger one is rescored.
+        """
+        keys, scripts = self._keys, self._scripts
+        listed: list[str] = []
+        offset = 0
+        for _ in range(_SCAN_ROUNDS):
+            _, cutoff_text, hits = await scripts.index_due(
+                keys=[keys.pending_index], args=[_num(older_than), offset, _SCAN_BATCH]
+            )
+            candidates = [(_text(hits[i]), _text(hits[i + 1])) for i in range(0, len(hits), 2)]
+            cutoff = float(cutoff_text)
+            oldest = await run_batch(
+                self._client,
+                [Call(scripts.inbox_oldest, keys.inbox(session)) for session, _ in candidates],
+            )
+            repairs: list[Call] = []
+            for (session, score), (checked_at, first) in zip(candidates, oldest, strict=True):
+                if not first:
+                    repairs.append(
+                        Call(scripts.index_drop, [keys.pending_index], [session, checked_at])
+                    )
+                elif float(first) < cutoff:
+                    listed.append(session)
+                else:
+                    repairs.append(
+                        Call(scripts.index_rescore, [keys.pending_index], [session, score, first])
+                    )
+            # Entries a repair could not move are still in range: skip them next round.
+            offset = len(listed) + sum(not done for done in await run_batch(self._client, repairs))
+            if len(candidates) < _SCAN_BATCH:
+                break
+        return list(dict.fromkeys(listed))

@@ -1,0 +1,49 @@
+"""Two-phase collect end to end: messages a holder collected but never took over are not lost
+when it dies; the next holder takes them over and runs them, and their callers get the real
+result."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from .agents import Journal, req
+from .conftest import ClusterFactory
+
+QUICK = dict(
+    lease_ttl=1.0,
+    lease_extend_interval=0.25,
+    idempotency_secondary_ttl=0.5,
+    holder_loss_sweep_interval=0.25,
+    forward_ttl=10.0,
+)
+
+
+async def test_messages_collected_by_a_holder_that_died_before_taking_them_run_on_its_successor(
+    cluster_over: ClusterFactory, journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with cluster_over(**QUICK) as cluster:
+        holder, b, c = cluster.nodes
+        await (await holder.submit(req("s1", "first"))).result
+        # Given a holder that collects forwarded messages but stalls before taking them over
+        stuck = asyncio.Event()
+        never = asyncio.Event()
+
+        async def stalled_acquire(*args: object) -> object:
+            stuck.set()
+            await never.wait()
+            raise AssertionError("unreachable")
+
+        monkeypatch.setattr(holder.backends.idempotency, "acquire_holder", stalled_acquire)
+        on_b = await b.submit(req("s1", "from b"))
+        on_c = await c.submit(req("s1", "from c"))
+        await stuck.wait()
+        # When it dies there, its collected batch never taken over
+        await cluster.kill(holder)
+        # Then a survivor takes the session over and runs both messages: their callers get the
+        # real results (hang guard only: forward_ttl is their deadline)
+        results = [await asyncio.wait_for(d.result, QUICK["forward_ttl"]) for d in (on_b, on_c)]
+        assert [r.text for r in results] == ["echo:from b", "echo:from c"]
+        assert {r.executed_by for r in results} <= {b.node_id, c.node_id}
+        assert journal.texts("s1") == ["first", "from b", "from c"]
