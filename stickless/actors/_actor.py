@@ -17,9 +17,7 @@ from .._events import (
     LATE_TERMINAL_SEQ,
     Event,
     Interrupted,
-    Rejected,
     TurnCompleted,
-    TurnFailed,
     TurnStarted,
 )
 from .._session import LiveSession, Transcript, TurnContext
@@ -33,6 +31,7 @@ from ..wire import Outcome
 from ._host import ActorHost, StopReason
 from ._mailbox import Mailbox
 from ._relay import EventRelay
+from ._unrun import answer_cancelled, fail_unrun, failed, failure, reject
 from ._work import TurnWork
 
 log = logging.getLogger("stickless.actor")
@@ -167,30 +166,17 @@ class SessionActor:
             if work is None:
                 self._mailbox.remember_cancel(turn_id, reason)
                 return False
-            self._spawn(self._answer_cancelled(work, reason))
+            self._spawn(answer_cancelled(self._host, work, reason))
             return True
         if running:
             return False
         if self._mailbox:
-            self._spawn(self._answer_cancelled(self._mailbox.pop(), reason))
+            self._spawn(answer_cancelled(self._host, self._mailbox.pop(), reason))
             return True
         if self._collecting or self._rung:  # a collect in progress or due brings the next turn
             self._cancel_next = reason
             return True
         return False
-
-    async def _answer_cancelled(self, work: TurnWork, reason: str) -> None:
-        """A turn interrupted before it started: it never runs, its caller gets INTERRUPTED."""
-        message = f"cancelled before it started: {reason}"
-        frame = Interrupted(
-            session_id=work.session_id,
-            turn_id=work.turn_id,
-            seq=1,
-            reason=reason,
-            executed_by=self._host.node_id,
-        )
-        failure = _failure(work, FailureCode.INTERRUPTED, message, self._host.node_id)
-        await self._host.complete(work, failure, frame=frame)
 
     def lose_lease(self) -> None:
         """Forget the lease at once (renewal failed or a write was fenced out): no further turn
@@ -261,7 +247,7 @@ class SessionActor:
                 work = self._mailbox.pop()
                 reason, self._cancel_next = self._cancel_next, None
                 if reason is not None:
-                    await self._answer_cancelled(work, reason)
+                    await answer_cancelled(self._host, work, reason)
                     continue
                 await self._execute(work)
         finally:
@@ -299,7 +285,7 @@ class SessionActor:
             if reason is None:
                 kept.append(work)
             else:
-                await self._answer_cancelled(work, reason)
+                await answer_cancelled(self._host, work, reason)
         if max_priority is Priority.NOW:
             return kept
         for work in kept:
@@ -322,7 +308,7 @@ class SessionActor:
             if running is not None and self.running is running and inject is not None:
                 if work.agent_ref != self.agent_ref:
                     self._injecting.remove(work)
-                    await self._reject(work)
+                    await reject(self._host, work, self.agent_ref)
                     continue
                 try:
                     accepted = bool(await inject(work.input))
@@ -356,19 +342,6 @@ class SessionActor:
         if not task.done():
             task.cancel()
 
-    async def _reject(self, work: TurnWork) -> None:
-        message = f"session {self.session_id} is bound to agent {self.agent_ref!r}"
-        frame = Rejected(
-            session_id=work.session_id,
-            turn_id=work.turn_id,
-            seq=1,
-            reason=FailureCode.CONFLICTING_AGENT.value,
-            message=message,
-            executed_by=self._host.node_id,
-        )
-        failure = _failure(work, FailureCode.CONFLICTING_AGENT, message, self._host.node_id)
-        await self._host.complete(work, failure, frame=frame)
-
     async def _ensure_binding(self, work: TurnWork) -> bool:
         """Provision the record under this lease once; False when the message was answered."""
         lease = self.lease
@@ -385,17 +358,13 @@ class SessionActor:
                 self.lose_lease()
                 return False
             except Exception as exc:
-                await self._fail_unrun(work, f"record store: {exc}")
+                await fail_unrun(self._host, work, f"record store: {exc}")
                 return False
             self._provisioned = True
         if work.agent_ref != self.agent_ref:
-            await self._reject(work)
+            await reject(self._host, work, self.agent_ref)
             return False
         return True
-
-    async def _fail_unrun(self, work: TurnWork, message: str) -> None:
-        failure = _failure(work, FailureCode.FAILED, message, self._host.node_id)
-        await self._host.complete(work, failure, frame=failure.unrun_frame(work.session_id))
 
     def _put_back(self, work: TurnWork) -> None:
         self._mailbox.push(work)
@@ -408,7 +377,7 @@ class SessionActor:
             self._handle = await self._host.open_handle(self.session_id, work.agent_ref, attributes)
         except Exception as exc:
             log.exception("opener failed for %s", self.session_id)
-            await self._fail_unrun(work, f"opening the session failed: {exc}")
+            await fail_unrun(self._host, work, f"opening the session failed: {exc}")
             return None
         return self._handle
 
@@ -428,7 +397,7 @@ class SessionActor:
         finally:
             self._starting, self._cancel_starting = None, None
         if reason is not None and (handle is not None or self._mailbox.take(work.turn_id)):
-            await self._answer_cancelled(work, reason)  # prepared, or put back for later
+            await answer_cancelled(self._host, work, reason)  # prepared, or put back for later
         elif handle is not None:
             await self._run(work, handle)
 
@@ -502,7 +471,7 @@ class SessionActor:
             announced = await host.complete(work, outcome, commit, lambda _: relay.emit(terminal))
         except FencedOut:
             self.lose_lease()
-            outcome, terminal = _failed(
+            outcome, terminal = failed(
                 work, FailureCode.LEASE_LOST, "commit fenced out", host.node_id
             )
             announced = await host.complete(work, outcome, None, lambda _: relay.emit(terminal))
@@ -525,18 +494,18 @@ class SessionActor:
         if running.interrupt_code is not None:
             code, reason = running.interrupt_code, running.interrupt_reason
             frame = Interrupted(reason=reason, executed_by=node)
-            return _failure(work, code, reason, node), frame, None
+            return failure(work, code, reason, node), frame, None
         if task.cancelled():
-            return (*_failed(work, FailureCode.FAILED, "turn task cancelled", node), None)
+            return (*failed(work, FailureCode.FAILED, "turn task cancelled", node), None)
         error = task.exception()
         if error is not None:
             log.warning("turn %s of %s failed: %r", work.turn_id, self.session_id, error)
             message = f"{type(error).__name__}: {error}"
-            return (*_failed(work, FailureCode.FAILED, message, node), None)
+            return (*failed(work, FailureCode.FAILED, message, node), None)
         output = task.result()
         if not isinstance(output, TurnOutput):
             message = "run_turn must return TurnOutput"
-            return (*_failed(work, FailureCode.FAILED, message, node), None)
+            return (*failed(work, FailureCode.FAILED, message, node), None)
         commit = None
         staged = running.context.transcript.staged
         if staged:
@@ -544,7 +513,7 @@ class SessionActor:
             if lease is None or not self._host.holds_lease(self.session_id, lease.token):
                 self.lose_lease()
                 message = "lease lost before commit"
-                return (*_failed(work, FailureCode.LEASE_LOST, message, node), None)
+                return (*failed(work, FailureCode.LEASE_LOST, message, node), None)
             commit = StagedCommit(lease.token, tuple(staged))
         outcome = Outcome(
             turn_id=work.turn_id, ok=True, executed_by=node, text=output.text, data=output.data
@@ -573,8 +542,8 @@ class SessionActor:
                         reason=reason.value,
                         executed_by=node,
                     )
-                    failure = _failure(work, reason.interrupt_code, reason.value, node)
-                    await self._host.complete(work, failure, frame=frame)
+                    lost = failure(work, reason.interrupt_code, reason.value, node)
+                    await self._host.complete(work, lost, frame=frame)
         if self._last_relay is not None:
             # Terminal frames go out before the session's EVICT or hand-over is announced.
             await self._last_relay.flushed(self._host.config.release_interrupt_timeout)
@@ -599,12 +568,3 @@ class SessionActor:
                 log.exception("closing the live session %s failed", self.session_id)
         return pending
 
-
-def _failure(work: TurnWork, code: FailureCode, message: str, node: str) -> Outcome:
-    return Outcome.failure(work.turn_id, code, message, node)
-
-
-def _failed(work: TurnWork, code: FailureCode, message: str, node: str) -> tuple[Outcome, Event]:
-    outcome = _failure(work, code, message, node)
-    # The outcome's message is already made safe for the wire (see Outcome.message).
-    return outcome, TurnFailed(code=code, message=outcome.message, executed_by=node)

@@ -1,0 +1,58 @@
+"""Answers of turns an actor ends without running them (cancelled, rejected, failed to
+prepare), and the outcome helpers its turns share."""
+
+from __future__ import annotations
+
+from .._errors import FailureCode
+from .._events import Event, Interrupted, Rejected, TurnFailed
+from ..wire import Outcome
+from ._host import ActorHost
+from ._work import TurnWork
+
+
+def failure(work: TurnWork, code: FailureCode, message: str, node: str) -> Outcome:
+    return Outcome.failure(work.turn_id, code, message, node)
+
+
+def failed(work: TurnWork, code: FailureCode, message: str, node: str) -> tuple[Outcome, Event]:
+    """A failure and its terminal frame (for the turn's relay to stamp)."""
+    outcome = failure(work, code, message, node)
+    # The outcome's message is already made safe for the wire (see Outcome.message).
+    return outcome, TurnFailed(code=code, message=outcome.message, executed_by=node)
+
+
+async def answer_cancelled(host: ActorHost, work: TurnWork, reason: str) -> None:
+    """A turn interrupted before it started: it never runs, its caller gets INTERRUPTED."""
+    frame = Interrupted(
+        session_id=work.session_id,
+        turn_id=work.turn_id,
+        seq=1,
+        reason=reason,
+        executed_by=host.node_id,
+    )
+    message = f"cancelled before it started: {reason}"
+    await host.complete(
+        work, failure(work, FailureCode.INTERRUPTED, message, host.node_id), frame=frame
+    )
+
+
+async def reject(host: ActorHost, work: TurnWork, bound_agent: str | None) -> None:
+    """A turn for another agent than the session's: CONFLICTING_AGENT, never run."""
+    message = f"session {work.session_id} is bound to agent {bound_agent!r}"
+    frame = Rejected(
+        session_id=work.session_id,
+        turn_id=work.turn_id,
+        seq=1,
+        reason=FailureCode.CONFLICTING_AGENT.value,
+        message=message,
+        executed_by=host.node_id,
+    )
+    await host.complete(
+        work, failure(work, FailureCode.CONFLICTING_AGENT, message, host.node_id), frame=frame
+    )
+
+
+async def fail_unrun(host: ActorHost, work: TurnWork, message: str) -> None:
+    """A turn that could not be prepared (record store, live handle): FAILED, never run."""
+    outcome = failure(work, FailureCode.FAILED, message, host.node_id)
+    await host.complete(work, outcome, frame=outcome.unrun_frame(work.session_id))
