@@ -11,12 +11,13 @@ not noticed its loss overlaps the next one until it does, as the README's guaran
 the soak's checker reports those overlaps). The storms' one checker (tests/storm/checker.py)
 then holds the history to every invariant, with no violation allowed.
 
-A cut right after `inbox_take` loses the batch it took (LOST_COLLECT_BUG in
-tests/storm/known_bugs.py, open): the CI storm does not cut there. The soak does, and lists the
-losses of a session whose take was cut as known-bug hits (printed and counted).
+A cut right after `inbox_take` (or `inbox_ack`), or a redis-server restart right after it ran,
+loses nothing:
+the batch stays pending under the holder's lease until each message's answer is recorded, and
+the holder takes it back on its next collect.
 
-CI runs `test_fault_storm_keeps_the_invariants` (fixed seeds, about a minute each). The soak is
-the same storm, longer, with a random seed (printed), and with inbox_take cuts:
+CI runs `test_fault_storm_keeps_the_invariants` (fixed seeds, well under a minute each). The soak
+is the same storm, longer, with a random seed (printed):
 
     STICKLESS_SOAK=1 [STICKLESS_SOAK_SEED=<n>] [STICKLESS_SOAK_WAVES=<n>] \\
         .venv/bin/pytest tests/test_fault_storm.py -k soak -s
@@ -70,10 +71,11 @@ FAULTS = FaultPlan(
         "reset": 1.5,
         "sigstop": 1.0,
         "sigkill": 0.6,
-        # (redis-server restarts are the soak's: see PAST_THE_LEASE)
+        # (redis-server restarts come from the wave plan here; fault-driven ones are the
+        # soak's: see SOAK_WEIGHTS)
         "redis_restart": 0.0,
     },
-    cut_scripts=tuple(s for s in CUT_SCRIPTS if s != "inbox_take"),
+    cut_scripts=CUT_SCRIPTS,
     # Held replies, stalls and stops shorter than the lease: a holder kept from Redis past its
     # lease overlaps the next holder until it notices (the README's guarantees table says so;
     # its late commit is refused), which the soak below exercises.
@@ -81,9 +83,9 @@ FAULTS = FaultPlan(
     stall=(0.3 * LEASE_TTL, 0.8 * LEASE_TTL),
     stop=(0.3 * LEASE_TTL, 0.8 * LEASE_TTL),
 )
-#: What the soak adds: every script may be cut, faults last past the lease, and redis-server
-#: restarts mix in (a message that vanished around a restart, answered FORWARD_TIMEOUT, is still
-#: being investigated: the node-process storm keeps testing restarts on its own).
+#: What the soak adds: faults that last past the lease, and redis-server restarts mixed in with
+#: the other faults (in about 1 run in 20 of those, a key reserved by two submits around a
+#: restart was left without a reservation: being investigated).
 SOAK_WEIGHTS = {**FAULTS.weights, "redis_restart": 0.3}
 PAST_THE_LEASE = dict(
     hold=(0.3, 2 * LEASE_TTL),
@@ -169,7 +171,5 @@ async def test_fault_storm_soak(aof_server: RedisServer, node_logs: Path) -> Non
         kill_waves=tuple(range(6, waves, 15)),
         restart_wave=waves // 2,
     )
-    faults = dataclasses.replace(
-        FAULTS, cut_scripts=CUT_SCRIPTS, weights=SOAK_WEIGHTS, **PAST_THE_LEASE
-    )
+    faults = dataclasses.replace(FAULTS, weights=SOAK_WEIGHTS, **PAST_THE_LEASE)
     await fault_storm(seed, plan, faults, aof_server, node_logs)

@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 from stickless import BackendUnavailableError, FailureCode, TurnFailedError
+from stickless.actors import TurnWork
 from stickless.wire import Outcome
 
 from .agents import Journal, req
@@ -116,3 +117,33 @@ async def test_a_cancel_whose_turn_was_answered_elsewhere_sends_no_contradicting
         gate.set()
         frames = await cluster.backends.events.read("s1", None, 1000)
         assert [f for f in frames if f.turn_id == queued.turn_id] == []
+
+
+async def test_a_refused_answer_whose_lookup_fails_never_contradicts_the_stored_one(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with make_cluster(journal, nodes=1) as cluster:
+        node = cluster.nodes[0]
+        idem = cluster.backends.idempotency
+        # Given a turn whose answer is recorded (DONE, by another node), with a caller here
+        request = req("s1", "done elsewhere", idempotency_key="k")
+        work = TurnWork.from_request(request, "turn-1", "c:k", node.node_id)
+        assert await idem.put_if_absent("s1", "c:k", "turn-1", "h", "other", 30.0, 60.0) is None
+        done = Outcome(turn_id="turn-1", ok=True, text="the real answer", executed_by="other")
+        assert await idem.mark_done("s1", "c:k", "other", done, 60.0)
+        caller = node._callers.add("turn-1", "s1")
+        # And this node's lookups of the store fail for a moment
+        find = node.backends.idempotency.find
+        failures = [BackendUnavailableError("connection reset")] * 2
+
+        async def flaky_find(*args: object) -> object:
+            if failures:
+                raise failures.pop()
+            return await find(*args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(node.backends.idempotency, "find", flaky_find)
+        # When this node ends the turn without running it (say, purged by a release) and its
+        # answer is refused by the store
+        await node._outcomes.fail(work, FailureCode.EVICTED, "session released")
+        # Then the caller gets the recorded answer, not a failure of this node's making
+        assert (await caller).text == "the real answer"

@@ -109,9 +109,16 @@ class TurnOutcomes(RouterPart):
                 await self._control.deliver_frames(work.session_id, [frame])
             await self.announce(work.session_id, work.key, outcome)
             return outcome
-        found = await quiet(self._backends.idempotency.find(work.session_id, work.key))
+        # Refused: what the store holds is the answer, so a lookup that fails is not "not
+        # recorded" (that would contradict it): callers here then learn the answer is unknown.
+        looked_up = await self._patiently(
+            lambda: self._backends.idempotency.find(work.session_id, work.key)
+        )
+        found = None if looked_up is None else looked_up[0]
         if found is not None and found.turn_id == work.turn_id and found.outcome is not None:
             await self.announce(work.session_id, work.key, found.outcome)
+        elif looked_up is None:
+            self._callers.resolve(unknown(work.turn_id, self._config.forward_ttl))
         else:
             self._callers.resolve(
                 Outcome.failure(

@@ -44,7 +44,7 @@ from .records import Call, Control, History
 from .waves import WaveStorm
 
 #: The stickless scripts whose reply a `cut` may drop (see stickless/backends/redis/lua/).
-#: inbox_take is the one whose lost reply loses the batch it took (LOST_COLLECT_BUG).
+#: inbox_take is the one whose lost reply used to lose the batch it took (LOST_COLLECT_BUG, fixed).
 CUT_SCRIPTS = (
     "inbox_deliver",
     "idem_mark_done",
@@ -54,6 +54,7 @@ CUT_SCRIPTS = (
     "lease_acquire",
     "lease_renew",
     "inbox_take",
+    "inbox_ack",
 )
 
 
@@ -259,7 +260,7 @@ class FaultDriver:
         return any(start <= what.done and end >= what.sent for start, end in spans)
 
     def record(self, history: History) -> None:
-        """A fired cut of inbox_take lost the batch it took: evidence of LOST_COLLECT_BUG for
+        """A fired cut of inbox_take: where LOST_COLLECT_BUG (fixed) would show, for
         the session its keys name (the checker lists that session's losses as known-bug hits)."""
         for entry in self.armed:
             if entry.kind == "cut:inbox_take" and entry.fired:
