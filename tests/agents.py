@@ -8,11 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stickless import (
+    FailureCode,
     LiveSession,
     SubmitRequest,
     TextDelta,
     TranscriptEntry,
     TurnContext,
+    TurnFailedError,
     TurnOutput,
     UserInput,
 )
@@ -130,3 +132,12 @@ async def wait_until(predicate: Any, within: float = 10.0) -> None:
 def req(session: str, text: str, **kw: object) -> SubmitRequest:
     """A request for agent "bot" (keyword arguments are further SubmitRequest fields)."""
     return SubmitRequest(session_id=session, agent_ref="bot", input=text, **kw)  # type: ignore[arg-type]
+
+
+async def failure_code(result: asyncio.Future[Any]) -> FailureCode | None:
+    """The code a turn's caller was failed with, or None when it got a result."""
+    try:
+        await result
+    except TurnFailedError as failed:
+        return failed.code
+    return None

@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from stickless import FailureCode, TurnFailedError
+from stickless import FailureCode
 
-from .agents import Journal, req
+from .agents import Journal, failure_code, req
 from .conftest import make_cluster
-
-
-async def _code(result: asyncio.Future[object]) -> FailureCode | None:
-    try:
-        await result
-    except TurnFailedError as failed:
-        return failed.code
-    return None
 
 
 @pytest.mark.parametrize("where", ["local", "forwarded"])
@@ -34,7 +24,7 @@ async def test_an_interrupt_right_after_submit_stops_that_turn(
             # When a turn is submitted and the session interrupted right away
             disposition = await submitter.submit(req("s1", f"turn {n}"))
             assert await submitter.interrupt("s1") is True
-            codes.append(await _code(disposition.result))
+            codes.append(await failure_code(disposition.result))
         # Then no such turn ran to completion: each was cancelled or interrupted
         assert codes == [FailureCode.INTERRUPTED] * 10
         warm_up = [("s1", t) for _, t, text in journal.started if text == "warm up"]
@@ -54,7 +44,7 @@ async def test_an_interrupt_naming_a_queued_turn_cancels_only_that_turn(journal:
         assert await third.interrupt("s1", turn_id=doomed.turn_id) is True
         gate.set()
         # Then that turn is answered INTERRUPTED and never runs; the others run as usual
-        assert await _code(doomed.result) is FailureCode.INTERRUPTED
+        assert await failure_code(doomed.result) is FailureCode.INTERRUPTED
         assert (await running.result).text == "echo:long"
         assert (await kept.result).text == "echo:kept"
         assert journal.texts("s1") == ["long", "kept"]

@@ -8,20 +8,12 @@ import asyncio
 
 import pytest
 
-from stickless import BackendUnavailableError, FailureCode, TurnFailedError
+from stickless import BackendUnavailableError, FailureCode
 from stickless.actors import TurnWork
 from stickless.wire import Outcome
 
-from .agents import Journal, req
+from .agents import Journal, failure_code, req
 from .conftest import make_cluster
-
-
-async def _code(result: asyncio.Future[object]) -> FailureCode | None:
-    try:
-        await result
-    except TurnFailedError as failed:
-        return failed.code
-    return None
 
 
 async def test_a_message_whose_take_over_stays_undecided_never_runs(
@@ -53,7 +45,7 @@ async def test_a_message_whose_take_over_stays_undecided_never_runs(
         assert (await after.result).text == "echo:after"
         # Then the undecided one never ran (it may have been withdrawn meanwhile), and its
         # caller was answered by its forward deadline
-        assert await _code(queued.result) is FailureCode.FORWARD_TIMEOUT
+        assert await failure_code(queued.result) is FailureCode.FORWARD_TIMEOUT
         assert journal.texts("s1") == ["long", "after"]
 
 
@@ -71,7 +63,7 @@ async def test_a_turn_requeued_and_taken_back_by_its_node_waits_as_a_local_turn(
         # Given the node loses the session's lease: its running turn ends LEASE_LOST and the
         # queued turn goes back to the inbox (its caller now follows it like a forward)
         assert await cluster.backends.leases.revoke_holder(node.node_id) == ["s1"]
-        assert await _code(lost.result) is FailureCode.LEASE_LOST
+        assert await failure_code(lost.result) is FailureCode.LEASE_LOST
         # When the same node takes the session back and runs the turn for longer than
         # forward_ttl
         await journal.entered["queued"].wait()
@@ -91,7 +83,7 @@ async def test_a_queued_turn_ended_by_release_ends_its_stream(journal: Journal) 
         # When the session is released with a turn still queued
         await other.release_session("s1")
         # Then that turn's caller gets EVICTED and its stream a matching terminal frame
-        assert await _code(queued.result) is FailureCode.EVICTED
+        assert await failure_code(queued.result) is FailureCode.EVICTED
         frames = await cluster.backends.events.read("s1", None, 1000)
         ends = [f for f in frames if f.turn_id == queued.turn_id]
         assert [(f.type, f.code) for f in ends] == [("turn_failed", FailureCode.EVICTED)]  # type: ignore[union-attr]
@@ -113,7 +105,7 @@ async def test_a_cancel_whose_turn_was_answered_elsewhere_sends_no_contradicting
         # When the queued turn is cancelled here
         assert await node.interrupt("s1", turn_id=queued.turn_id) is True
         # Then its caller gets the recorded answer, and no frame says it was interrupted
-        assert await _code(queued.result) is FailureCode.HOLDER_LOST
+        assert await failure_code(queued.result) is FailureCode.HOLDER_LOST
         gate.set()
         frames = await cluster.backends.events.read("s1", None, 1000)
         assert [f for f in frames if f.turn_id == queued.turn_id] == []

@@ -3,24 +3,10 @@ is acknowledged, and a later lease (or the same one, after a lost collect) takes
 
 from __future__ import annotations
 
-from stickless._types import Priority, UserInput
-from stickless.backends.base import Backends, CollectedBatch
-from stickless.wire import Envelope
+from stickless._types import Priority
+from stickless.backends.base import Backends
 
-
-def _envelope(turn_id: str, priority: Priority = Priority.NEXT) -> Envelope:
-    return Envelope(
-        session_id="s1",
-        turn_id=turn_id,
-        agent_ref="agent-a",
-        input=UserInput.text(f"input of {turn_id}"),
-        priority=priority,
-        key=f"key-{turn_id}",
-    )
-
-
-def _turns(batch: CollectedBatch) -> list[str]:
-    return [m.envelope.turn_id for m in batch.messages]
+from .test_inbox import _envelope, _turns
 
 
 async def test_a_later_lease_takes_over_what_an_earlier_one_left_unacknowledged(
