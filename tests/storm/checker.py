@@ -524,8 +524,10 @@ class Checker:
         for (session_id, key), call in reservations.items():
             found = await backends.idempotency.find(session_id, key)
             if found is None:
-                # (an internal per-turn key may outlive its primary TTL of 2 x forward_ttl)
-                if key.startswith(CLIENT_KEY):
+                # (an internal per-turn key may outlive its primary TTL of 2 x forward_ttl; a
+                # refused submit discards its reservation, and whoever attached to it meanwhile
+                # is told to retry)
+                if key.startswith(CLIENT_KEY) and (session_id, call.tag) not in self.refused_tags:
                     message = f"{session_id}/{key}: reservation missing; {self.story(call)}"
                     self.fail("4 loss", message)
                 continue
