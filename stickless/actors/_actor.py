@@ -32,7 +32,7 @@ from ._host import ActorHost, StopReason
 from ._mailbox import Mailbox
 from ._relay import EventRelay
 from ._unrun import answer_cancelled, fail_unrun, failed, failure, reject
-from ._work import TurnWork
+from ._work import PendingEntry, TurnWork
 
 log = logging.getLogger("stickless.actor")
 
@@ -273,21 +273,20 @@ class SessionActor:
         self._collect_in_doubt = self._collect_in_doubt and max_priority is not Priority.LATER
         for entry in batch.unreadable:
             await self._host.answer_unreadable(self.session_id, entry, token)
-        taken = [
-            work
-            for message in batch.messages
-            if self._mailbox.admit(message.envelope.turn_id)
-            and (work := await self._host.take_over(message, token)) is not None
-        ]
+        # Reservations are taken over when a turn starts, not here: a message that never
+        # started stays its submitter's (withdrawable) and, pending, a successor's to run.
         kept = []
-        for work in taken:
+        for message in batch.messages:
+            if not self._mailbox.admit(message.envelope.turn_id):
+                continue
+            work = TurnWork.from_envelope(message.envelope, PendingEntry(token, message.message_id))
             reason = self._mailbox.cancelled(work.turn_id)
             if reason is None:
                 kept.append(work)
             else:
                 await answer_cancelled(self._host, work, reason)
         if max_priority is Priority.NOW:
-            return kept
+            return [work for work in kept if await self._host.take_over(work)]
         for work in kept:
             self._mailbox.push(work)
         return []
@@ -402,7 +401,10 @@ class SessionActor:
             await self._run(work, handle)
 
     async def _prepare(self, work: TurnWork) -> LiveSession | None:
-        """Check the binding and open the handle; None when the work was put back or answered."""
+        """Take the reservation over, check the binding and open the handle; None when the work
+        was put back, answered or left to another node."""
+        if not work.owned and not await self._host.take_over(work):
+            return None
         if not await self._ensure_binding(work):
             return None
         return await self._ensure_handle(work)

@@ -11,7 +11,7 @@ from .._config import RouterConfig
 from .._errors import FailureCode
 from .._events import Event
 from .._session import LiveSession
-from ..backends.base import Backends, InboundMessage, StagedCommit, UnreadableEntry
+from ..backends.base import Backends, StagedCommit, UnreadableEntry
 from ..wire import Outcome
 from ._work import TurnWork
 
@@ -77,9 +77,9 @@ class ActorHost(Protocol):
         """
         ...
 
-    async def take_over(self, message: InboundMessage, token: int) -> TurnWork | None:
-        """The work of a message collected under lease `token`, or None when it must not run
-        here (answered, or left to the node that holds it)."""
+    async def take_over(self, work: TurnWork) -> bool:
+        """Take a collected message's reservation over as its turn starts; False when it must
+        not run here (answered, or left to the node that holds it)."""
         ...
 
     async def answer_unreadable(

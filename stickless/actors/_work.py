@@ -42,6 +42,9 @@ class TurnWork:
     #: The inbox entry this work came from (None: submitted on this node), acknowledged once
     #: the work's answer is recorded.
     pending: PendingEntry | None = None
+    #: Whether this node holds the work's reservation: from the submit for work submitted here,
+    #: from the take-over right before it starts for collected work.
+    owned: bool = False
     order: int = field(default_factory=lambda: next(_order))
 
     @classmethod
@@ -59,6 +62,7 @@ class TurnWork:
             options=dict(req.options),
             open_attributes=dict(req.open_attributes),
             origin=origin,
+            owned=True,
         )
 
     @classmethod

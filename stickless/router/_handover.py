@@ -100,9 +100,10 @@ class Handover(SessionPart):
         why = "this node gave the session up and could not re-queue the message"
         for work in works:
             try:
-                await self._backends.idempotency.release_holder(
-                    work.session_id, work.key, self._node_id, queued_staleness(self._config)
-                )
+                if work.owned:
+                    await self._backends.idempotency.release_holder(
+                        work.session_id, work.key, self._node_id, queued_staleness(self._config)
+                    )
             except Exception as exc:  # still ours, and not queued: it never runs
                 log.warning("re-delivery of %s failed: %s", work.turn_id, exc)
                 await self._outcomes.fail(work, FailureCode.NOT_HOLDER, why)

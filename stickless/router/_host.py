@@ -9,7 +9,7 @@ from .._config import RouterConfig
 from .._events import Event
 from .._session import LiveSession, LiveSessionOpener
 from ..actors import SessionActor, TurnWork
-from ..backends.base import Backends, InboundMessage, StagedCommit, UnreadableEntry
+from ..backends.base import Backends, StagedCommit, UnreadableEntry
 from ..wire import Outcome
 from ._context import NodeContext, RouterPart
 from ._control import ControlChannel
@@ -70,8 +70,8 @@ class NodeActorHost(RouterPart):
     ) -> Outcome | None:
         return await self._outcomes.complete(work, outcome, commit, before_announce, frame)
 
-    async def take_over(self, message: InboundMessage, token: int) -> TurnWork | None:
-        return await self._outcomes.take_over(message, token)
+    async def take_over(self, work: TurnWork) -> bool:
+        return await self._outcomes.take_over(work)
 
     async def answer_unreadable(
         self, session_id: str, entry: UnreadableEntry, token: int

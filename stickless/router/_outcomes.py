@@ -212,61 +212,57 @@ class TurnOutcomes(RouterPart):
         won = await quiet(idem.compare_and_reset(work.session_id, work.key, None, withdrawn))
         return withdrawn if won else None
 
-    async def take_over(self, message: InboundMessage, token: int) -> TurnWork | None:
-        """Take over a collected message's reservation; the work to run, or None when the
+    async def take_over(self, work: TurnWork) -> bool:
+        """Take over a collected message's reservation as its turn starts; False when the
         message must not run here.
 
         Won: the message runs here (callers on this node that followed it from afar now wait
         on a local turn). Rejected: the store says the reservation is not this message's to
         take. If it already holds an answer for this turn, that answer is re-sent; if it names
         a newer attempt with the same key, or no longer exists (its caller was answered:
-        refused, timed out or superseded), the message is answered without running, so no
-        request runs after its caller got an answer. A reservation of this very turn held by
-        another node is left to that node (a copy of the message must never run twice).
-        Unknown (the store stayed out of reach): the message does not run, since it may have
-        been withdrawn meanwhile; it stays pending for a later holder to decide, and callers
-        here are told the answer is unknown. A message that does not run here is acknowledged
-        (it left the pending set) once that is decided.
+        refused, timed out, withdrawn or superseded), the message is answered without running,
+        so no request runs after its caller got an answer. A reservation of this very turn held
+        by another node means the turn started there: it is left to that node (or, if it died,
+        to the holder-loss sweep). Unknown (the store stayed out of reach): the message does not
+        run, since it may have been withdrawn meanwhile; it stays pending for a later holder to
+        decide, and callers here are told the answer is unknown. A message that does not run
+        here is acknowledged (it leaves the pending set) once that is decided.
         """
-        env = message.envelope
-        pending = PendingEntry(token, message.message_id)
         idem = self._backends.idempotency
+        session_id, key, turn_id = work.session_id, work.key, work.turn_id
         acquired = await self._patiently(
             lambda: idem.acquire_holder(
-                env.session_id,
-                env.key,
-                env.turn_id,
-                self._node_id,
-                self._config.idempotency_secondary_ttl,
+                session_id, key, turn_id, self._node_id, self._config.idempotency_secondary_ttl
             )
         )
         if acquired == (HolderTakeover.WON,):
-            self._renewer.own(env.session_id, env.key)
-            self._callers.run_here(env.turn_id)
-            return TurnWork.from_envelope(env, pending)
+            self._renewer.own(session_id, key)
+            self._callers.run_here(turn_id)
+            work.owned = True
+            return True
         if acquired is not None:
-            self._metrics.emit("on_takeover_rejected", env.session_id, env.key)
-            looked_up = await self._patiently(lambda: idem.find(env.session_id, env.key))
+            self._metrics.emit("on_takeover_rejected", session_id, key)
+            looked_up = await self._patiently(lambda: idem.find(session_id, key))
         if acquired is None or looked_up is None:
-            log.warning("take-over of %s/%s left undecided: not run", env.session_id, env.key)
-            self._callers.resolve(unknown(env.turn_id, self._config.forward_ttl))
-            return None
+            log.warning("take-over of %s/%s left undecided: not run", session_id, key)
+            self._callers.resolve(unknown(turn_id, self._config.forward_ttl))
+            return False
         (found,) = looked_up
-        if found is not None and found.turn_id == env.turn_id:
-            if found.outcome is None:  # another node holds this very turn: it runs there
-                await self.ack(env.session_id, pending)
-                return None
+        if found is not None and found.turn_id == turn_id:
+            if found.outcome is None:  # it started on another node: it ends there
+                await self.ack(session_id, work.pending)
+                return False
             answer = found.outcome
         else:
             answer = Outcome.failure(
-                env.turn_id,
+                turn_id,
                 FailureCode.FAILED,
                 "not run: its reservation was superseded or its caller already answered",
                 self._node_id,
             )
-        await self.announce(env.session_id, env.key, answer)
-        await self.ack(env.session_id, pending)
-        return None
+        await self.announce(session_id, key, answer)
+        await self.ack(session_id, work.pending)
+        return False
 
     async def ack(self, session_id: str, pending: PendingEntry | None) -> None:
         """Drop an answered message from its session's pending set (a failure leaves it for a
