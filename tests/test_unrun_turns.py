@@ -139,3 +139,25 @@ async def test_a_refused_answer_whose_lookup_fails_never_contradicts_the_stored_
         await node._outcomes.fail(work, FailureCode.EVICTED, "session released")
         # Then the caller gets the recorded answer, not a failure of this node's making
         assert (await caller).text == "the real answer"
+
+
+async def test_a_copy_of_a_turn_running_elsewhere_leaves_its_callers_to_that_turn(
+    journal: Journal,
+) -> None:
+    async with make_cluster(journal, nodes=1) as cluster:
+        node = cluster.nodes[0]
+        idem = cluster.backends.idempotency
+        # Given a turn that started on another node (its reservation is held there), with a
+        # caller here following it
+        request = req("s1", "running elsewhere", idempotency_key="k")
+        work = TurnWork.from_request(request, "turn-1", "c:k", node.node_id)
+        assert await idem.put_if_absent("s1", "c:k", "turn-1", "h", "other", 30.0, 60.0) is None
+        caller = node._callers.add("turn-1", "s1")
+        # When this node ends a copy of it without running (say, purged by a release)
+        await node._outcomes.fail(work, FailureCode.EVICTED, "session released")
+        # Then the caller is not answered for it: the turn's own holder answers, later
+        assert not caller.done()
+        done = Outcome(turn_id="turn-1", ok=True, text="the real answer", executed_by="other")
+        assert await idem.mark_done("s1", "c:k", "other", done, 60.0)
+        await node._outcomes.announce("s1", "c:k", done)
+        assert (await caller).text == "the real answer"

@@ -115,8 +115,11 @@ class TurnOutcomes(RouterPart):
             lambda: self._backends.idempotency.find(work.session_id, work.key)
         )
         found = None if looked_up is None else looked_up[0]
-        if found is not None and found.turn_id == work.turn_id and found.outcome is not None:
-            await self.announce(work.session_id, work.key, found.outcome)
+        if found is not None and found.turn_id == work.turn_id:
+            if found.outcome is not None:
+                await self.announce(work.session_id, work.key, found.outcome)
+            # else the turn started on another node: its holder (or the holder-loss sweep)
+            # answers, and callers here keep following it
         elif looked_up is None:
             self._callers.resolve(unknown(work.turn_id, self._config.forward_ttl))
         else:
