@@ -8,8 +8,9 @@ failover (peer routers learn of the death from Ray) and, for comparison, TTL-onl
 The randomized storm kills routers while clients submit through random routers and retry on
 `any_router()` with the same idempotency key when their own router dies (tests/storm/clients.py),
 then checks the cluster's invariants with the storms' one checker (tests/storm/checker.py) and
-prints what it counted. The only timing bound asserted is the configured one: lease TTL +
-secondary TTL + sweep interval + slack.
+prints what it counted. Nothing asserts on elapsed time: the failover times are printed (their
+benchmark is `stickless bench --only ray`), and every wait for an answer is a hang guard derived
+from the answer guarantee (forward_ttl + slack).
 """
 
 from __future__ import annotations
@@ -55,15 +56,8 @@ from .storm.rules import Rules
 pytestmark = pytest.mark.timeout(300)
 
 SLACK = 5.0
-#: The configured bound on learning that a holder died: its lease and its reservation run out
-#: and a sweep finds them (fast failover is much quicker; this is the TTL-only worst case).
-LOSS_BOUND = (
-    TIMINGS["lease_ttl"]
-    + TIMINGS["idempotency_secondary_ttl"]
-    + TIMINGS["holder_loss_sweep_interval"]
-    + SLACK
-)
-#: How long a caller may wait for any answer (a forward's own deadline, plus slack).
+#: The hang guard of every wait for an answer: each submit is answered within forward_ttl
+#: (docs/architecture.md, invariant 2), plus slack. Not a speed bound.
 ANSWER_BOUND = TIMINGS["forward_ttl"] + SLACK
 #: Failover measurements by scenario, printed together by the TTL-only test.
 MEASURED: dict[str, dict[str, float]] = {}
@@ -129,11 +123,15 @@ def crash_mid_turn(
     )
     crashed = time.monotonic()
     crash(holder)
-    outcome = answer(caller, ticket.turn_id, LOSS_BOUND)
+    outcome = answer(caller, ticket.turn_id, ANSWER_BOUND)
     lost_after = time.monotonic() - crashed
+    # A running turn's reservation is its holder's, and a dead holder's goes stale after the
+    # secondary TTL, well inside forward_ttl: the holder-loss answer, never FORWARD_TIMEOUT.
     assert isinstance(outcome, TurnFailedError), outcome
     assert outcome.code is FailureCode.HOLDER_LOST, outcome
-    following = ray.get(caller.run.remote(deployment.request(session, "next")), timeout=LOSS_BOUND)
+    following = ray.get(
+        caller.run.remote(deployment.request(session, "next")), timeout=ANSWER_BOUND
+    )
     served_after = time.monotonic() - crashed
     current = {node_id(h) for h in deployment.routers().values()}
     assert following.executed_by != holder_id
@@ -304,11 +302,12 @@ RULES = Rules(
     answer_within=ANSWER_BOUND,
     answer_text=lambda call: f"done:{call.tag}",
     executor=lambda result: str(result.data.get("actor") or "") or None,
-    loss_bound=LOSS_BOUND,
-    # (no lease is lost here but to a killed router)
+    # (no lease is lost here but to a killed router: a HOLDER_LOST answer follows a kill)
     only_crashes_lose_holders=True,
-    drain_within=3 * TIMINGS["lease_ttl"] + 5.0,
-    settle_within=TIMINGS["idempotency_secondary_ttl"] + 5.0,
+    # (hang guards: a queued message runs or is withdrawn by its forward deadline, and an
+    # answer is recorded before it is given)
+    drain_within=ANSWER_BOUND,
+    settle_within=ANSWER_BOUND,
 )
 
 

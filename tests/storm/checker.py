@@ -287,8 +287,8 @@ class Checker:
             error = control.error
             if error is not None and not self.excused(error, control):
                 self.fail("2 answer", f"{control.what} via {control.node_id} raised {error!r}")
-        if rules.loss_bound is not None:
-            self.holder_loss_follows_a_crash(rules.loss_bound)
+        if rules.only_crashes_lose_holders:
+            self.holder_loss_follows_a_crash()
         self.counts["submits"] = len(calls)
         self.counts["results"] = answered
         self.counts["answers"] = dict(sorted(codes.items()))
@@ -316,8 +316,8 @@ class Checker:
         if None not in (ran_on, executor) and executor != ran_on:
             self.fail("2 answer", f"{who}: executed_by {executor}, ran on {ran_on}")
 
-    def holder_loss_follows_a_crash(self, bound: float) -> None:
-        """HOLDER_LOST reaches the caller within `bound` after the crash behind it."""
+    def holder_loss_follows_a_crash(self) -> None:
+        """HOLDER_LOST reaches a caller only after a crash (the delay is measured, not bounded)."""
         lost_after: list[float] = []
         for call in self.history.calls:
             if call.code is not FailureCode.HOLDER_LOST:
@@ -327,9 +327,6 @@ class Checker:
                 self.fail("2 answer", f"{call.who()}: HOLDER_LOST before any crash")
                 continue
             lost_after.append(call.done - max(before))
-            if lost_after[-1] > bound:
-                message = f"{call.who()}: HOLDER_LOST {lost_after[-1]:.2f}s after the last crash"
-                self.fail("2 answer", f"{message}; {self.story(call)}")
         self.slowest_holder_lost = max(lost_after, default=0.0)
 
     def at_most_once_per_key(self) -> None:

@@ -60,10 +60,9 @@ class Rules:
     answer_text: Callable[[Call], str | None] = lambda call: None
     #: The node a result names as its executor, as executions name nodes (None: unknown).
     executor: Callable[[TurnResult], str | None] = lambda result: result.executed_by
-    #: A HOLDER_LOST answer must follow a crash by at most this long (None: not checked).
-    loss_bound: float | None = None
     #: Nothing but a crash takes a lease away: every execution that returned normally on a
-    #: node never killed is a success, and only a crash excuses a key's second commit.
+    #: node never killed is a success, only a crash excuses a key's second commit, and every
+    #: HOLDER_LOST answer follows a crash.
     only_crashes_lose_holders: bool = False
     #: An answer that took this long counts as slow (a diagnostic count, not a bound).
     slow_after: float = float("inf")
