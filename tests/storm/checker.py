@@ -433,7 +433,9 @@ class Checker:
             if (session_id, tag) in self.refused_tags:
                 self.known("REFUSED_BUT_QUEUED_BUG", "3 idempotency", message)
             else:
-                self.fail("3 idempotency", f"{message}?? no submit of that tag was refused")
+                tagged = [c for c in calls if (c.session_id, c.tag) == (session_id, tag)]
+                story = self.story(tagged[0]) if tagged else "no call of that tag"
+                self.fail("3 idempotency", f"{message}?? no submit of it was refused; {story}")
         answers: dict[str, set[str]] = defaultdict(set)
         for call in calls:
             if call.turn_id is not None:
