@@ -268,12 +268,21 @@ class TurnOutcomes(RouterPart):
         return False
 
     async def ack(self, session_id: str, pending: PendingEntry | None) -> None:
-        """Drop an answered message from its session's pending set (a failure leaves it for a
-        later holder, which finds its answer and acknowledges it then)."""
-        if pending is not None:
-            await quiet(
-                self._backends.inbox.ack(session_id, pending.token, [pending.message_id])
-            )
+        """Drop an answered message from its session's pending set, retried in the background
+        while the store is out of reach (what is still left then is answered without running,
+        and acknowledged, by a later holder)."""
+        if pending is None:
+            return
+        inbox = self._backends.inbox
+        try:
+            await inbox.ack(session_id, pending.token, [pending.message_id])
+        except Exception as exc:
+            log.warning("ack of %s in %s failed, retrying: %s", pending, session_id, exc)
+            if not self._bg.closed:
+                retry = self._patiently(
+                    lambda: inbox.ack(session_id, pending.token, [pending.message_id])
+                )
+                self._bg.spawn(retry, "ack")
 
     async def _patiently(self, call: Callable[[], Awaitable[_T]]) -> tuple[_T] | None:
         """Run a store call until it answers, for up to `forward_ttl` while the store is out of
