@@ -1010,6 +1010,8 @@ class FaultProxy:
         task = asyncio.get_running_loop().create_task(guarded())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        # A task cancelled before its first step never awaits `coro`: close it, quietly.
+        task.add_done_callback(lambda _: coro.close())
         return task
 
     # ---------------------------------------------------------------- thread-crossing helpers
