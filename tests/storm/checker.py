@@ -419,8 +419,15 @@ class Checker:
         calls = self.history.calls
         ticketed = {turn for c in calls for turn in (c.turn_id, *c.attempts) if turn}
         tag_of = {e.turn_id: (e.session_id, e.tag) for e in self.history.executions}
-        #: (session, tag) of calls whose node died under them, so that they were resubmitted.
+        #: (session, tag) of calls whose node died under them: resubmitted, or told (by the
+        #: RouterClosedError of a killed node) that the turn may still run elsewhere.
         retried = {(c.session_id, c.tag) for c in calls if c.retries}
+        retried |= {
+            (c.session_id, c.tag)
+            for c in calls
+            if c.node_id in self.killed
+            and isinstance(c.refused or c.error, self.rules.killed_may_raise)
+        }
         orphans: set[str] = set()  # ran, but no submit of theirs was accepted
         abandoned: set[str] = set()  # ...because the submitter's node died before answering
         for turn_id in sorted(t for t in tag_of if t not in ticketed):
