@@ -12,9 +12,8 @@ the soak's checker reports those overlaps). The storms' one checker (tests/storm
 then holds the history to every invariant, with no violation allowed.
 
 A cut right after `inbox_take` (or `inbox_ack`), or a redis-server restart right after it ran,
-loses nothing:
-the batch stays pending under the holder's lease until each message's answer is recorded, and
-the holder takes it back on its next collect.
+loses nothing: the batch stays pending under the holder's lease until each message's answer is
+recorded, and the holder (or the next one) takes it back on its next collect.
 
 CI runs `test_fault_storm_keeps_the_invariants` (fixed seeds, well under a minute each). The soak
 is the same storm, longer, with a random seed (printed):
@@ -50,7 +49,7 @@ aof_server = test_multiprocess.aof_server
 node_logs = test_multiprocess.node_logs
 
 #: Seeds of the CI storm.
-SEEDS = (20250611, 7)
+SEEDS = (20250611, 7, 240)
 #: The node-process storm's plan, smaller (the faults add their own load and waits).
 PLAN = dataclasses.replace(
     test_multiprocess.PLAN,
@@ -71,9 +70,7 @@ FAULTS = FaultPlan(
         "reset": 1.5,
         "sigstop": 1.0,
         "sigkill": 0.6,
-        # (redis-server restarts come from the wave plan here; fault-driven ones are the
-        # soak's: see SOAK_WEIGHTS)
-        "redis_restart": 0.0,
+        "redis_restart": 0.3,
     },
     cut_scripts=CUT_SCRIPTS,
     # Held replies, stalls and stops shorter than the lease: a holder kept from Redis past its
@@ -83,10 +80,7 @@ FAULTS = FaultPlan(
     stall=(0.3 * LEASE_TTL, 0.8 * LEASE_TTL),
     stop=(0.3 * LEASE_TTL, 0.8 * LEASE_TTL),
 )
-#: What the soak adds: faults that last past the lease, and redis-server restarts mixed in with
-#: the other faults (in about 1 run in 20 of those, a key reserved by two submits around a
-#: restart was left without a reservation: being investigated).
-SOAK_WEIGHTS = {**FAULTS.weights, "redis_restart": 0.3}
+#: What the soak adds: faults that last past the lease.
 PAST_THE_LEASE = dict(
     hold=(0.3, 2 * LEASE_TTL),
     stall=(1.2 * LEASE_TTL, 2.5 * LEASE_TTL),
@@ -171,5 +165,5 @@ async def test_fault_storm_soak(aof_server: RedisServer, node_logs: Path) -> Non
         kill_waves=tuple(range(6, waves, 15)),
         restart_wave=waves // 2,
     )
-    faults = dataclasses.replace(FAULTS, weights=SOAK_WEIGHTS, **PAST_THE_LEASE)
+    faults = dataclasses.replace(FAULTS, **PAST_THE_LEASE)
     await fault_storm(seed, plan, faults, aof_server, node_logs)
