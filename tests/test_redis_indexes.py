@@ -78,11 +78,12 @@ async def test_finished_reservations_leave_the_stale_index(bundle: RedisBackends
 
 async def test_pending_index_heals(bundle: RedisBackends) -> None:
     inbox, client, index = bundle.inbox, bundle.client, bundle.keys.pending_index
-    # Given a collected session (its entry is removed), a ghost entry for an empty inbox, and
-    # a queued session whose entry was lost (a crash between the script and the index write)
+    # Given a session whose messages were collected and answered, a ghost entry for an empty
+    # inbox, and a queued session whose entry was lost (a crash between the script and the
+    # index write)
     await inbox.deliver(envelope("t1", "s-collected"))
-    await inbox.collect("s-collected", Priority.LATER, 1)
-    assert await client.zscore(index, "s-collected") is None
+    batch = await inbox.collect("s-collected", Priority.LATER, 1)
+    await inbox.ack("s-collected", 1, [m.message_id for m in batch.messages])
     await client.zadd(index, {"s-ghost": 0.0})
     await inbox.deliver(envelope("t2", "s-lost"))
     await client.zrem(index, "s-lost")
@@ -90,9 +91,10 @@ async def test_pending_index_heals(bundle: RedisBackends) -> None:
     await inbox.deliver(envelope("t3", "s-lost"))
     await asyncio.sleep(0.2)
     pending = await inbox.pending_sessions(0.1)
-    # Then the lost one is indexed and listed again, and the ghost is gone
+    # Then the lost one is indexed and listed again, and the ghost and the answered one are gone
     assert pending == ["s-lost"]
     assert await client.zscore(index, "s-ghost") is None
+    assert await client.zscore(index, "s-collected") is None
 
 
 async def test_pending_index_rescores_a_too_early_score(bundle: RedisBackends) -> None:

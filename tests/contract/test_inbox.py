@@ -154,11 +154,13 @@ async def test_pending_sessions_reports_old_queued_entries(
         return "s-old" in await backends.inbox.pending_sessions(0.2)
 
     await wait_until(listed)
-    # Then a fresh session is not listed, nor is s-old under a one-hour bound, nor once collected
+    # Then a fresh session is not listed, nor is s-old under a one-hour bound, nor once its
+    # messages were collected and answered
     await backends.inbox.deliver(_envelope("t2", session_id="s-new"))
     assert "s-new" not in await backends.inbox.pending_sessions(3600)
     assert "s-old" not in await backends.inbox.pending_sessions(3600)
-    await backends.inbox.collect("s-old", Priority.LATER, 1)
+    batch = await backends.inbox.collect("s-old", Priority.LATER, 1)
+    await backends.inbox.ack("s-old", 1, [m.message_id for m in batch.messages])
     assert "s-old" not in await backends.inbox.pending_sessions(0.0)
 
 

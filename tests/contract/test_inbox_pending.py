@@ -4,7 +4,7 @@ is acknowledged, and a later lease (or the same one, after a lost collect) takes
 from __future__ import annotations
 
 from stickless._types import Priority
-from stickless.backends.base import Backends
+from stickless.backends.base import Backends, Lease
 
 from .test_inbox import _envelope, _turns
 
@@ -86,3 +86,21 @@ async def test_purge_removes_pending_entries_too(backends: Backends) -> None:
     assert sorted(_turns(purged)) == ["pending", "queued"]
     assert await inbox.is_empty("s1")
     assert not await inbox.collect("s1", Priority.LATER, 2)
+
+
+async def test_pending_entries_of_a_holder_whose_lease_is_gone_are_listed_for_the_orphan_scan(
+    backends: Backends,
+) -> None:
+    inbox, leases = backends.inbox, backends.leases
+    # Given a message collected under a live lease (nothing left queued in the streams)
+    lease = await leases.acquire("s1", "node-a", 30.0)
+    assert isinstance(lease, Lease)
+    await inbox.deliver(_envelope("collected"))
+    await inbox.collect("s1", Priority.LATER, lease.token)
+    # Then the scan leaves it to its holder while the lease lives
+    held = await inbox.pending_sessions(0.0)
+    # When the holder's lease goes away (its node died; here: released)
+    await leases.release(lease)
+    # Then the scan lists the session, so that somebody claims it and runs the message
+    assert "s1" not in held
+    assert "s1" in await inbox.pending_sessions(0.0)

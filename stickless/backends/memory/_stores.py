@@ -251,14 +251,22 @@ class MemoryInbox:
         return _decode_rows(session_id, rows)
 
     async def pending_sessions(self, older_than: float) -> list[str]:
-        """Sessions whose oldest queued entry arrived more than `older_than` seconds ago."""
+        """Sessions whose oldest queued entry arrived more than `older_than` seconds ago, or
+        whose pending entries were left by a holder whose lease is gone."""
         with self._link.open() as state:
-            cutoff = state.clock() - older_than
-            return [
+            now = state.clock()
+            cutoff = now - older_than
+            queued = [
                 session_id
                 for session_id, tiers in state.inbox.items()
                 if min(queue[0].arrived_at for queue in tiers.values()) < cutoff
             ]
+            left = [
+                session_id
+                for session_id in state.pending
+                if session_id not in state.inbox and _live_lease(state, session_id, now) is None
+            ]
+            return queued + left
 
 
 def _append_locked(

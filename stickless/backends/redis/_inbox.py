@@ -125,8 +125,8 @@ class RedisInbox(_Role):
             args=[last_tier, _DELIVERY_MEMORY, token, reclaim, _ms(self._ttl), int(purge)],
         )
         if flat and not int(remaining):
-            # The entries are out of the streams by now: an index failure must not fail the
-            # take (a stale index entry is dropped by the next pending_sessions scan).
+            # Nothing is queued or pending any more: an index failure must not fail the take
+            # (a stale index entry is dropped by the next pending_sessions scan).
             try:
                 await self._scripts.index_drop(
                     keys=[keys.pending_index], args=[session_id, _text(taken_at)]
@@ -141,10 +141,12 @@ class RedisInbox(_Role):
         return await self._client.exists(*keys.inbox(session_id), keys.pending(session_id)[0]) == 0
 
     async def pending_sessions(self, older_than: float) -> list[str]:
-        """Sessions whose oldest queued entry arrived more than `older_than` seconds ago.
+        """Sessions whose oldest queued entry arrived more than `older_than` seconds ago, or
+        whose pending entries were left by a holder whose lease is gone.
 
-        Candidates come from the index; each is checked against its streams: an empty inbox
-        drops its entry (unless a delivery rescored it meanwhile), a younger one is rescored.
+        Candidates come from the index; each is checked against its streams, pending set and
+        lease: an empty inbox drops its entry (unless a delivery rescored it meanwhile), a
+        younger one (or one pending under a live lease) is rescored.
         """
         keys, scripts = self._keys, self._scripts
         listed: list[str] = []
@@ -157,7 +159,13 @@ class RedisInbox(_Role):
             cutoff = float(cutoff_text)
             oldest = await run_batch(
                 self._client,
-                [Call(scripts.inbox_oldest, keys.inbox(session)) for session, _ in candidates],
+                [
+                    Call(
+                        scripts.inbox_oldest,
+                        [*keys.inbox(session), keys.pending(session)[0], keys.lease(session)],
+                    )
+                    for session, _ in candidates
+                ],
             )
             repairs: list[Call] = []
             for (session, score), (checked_at, first) in zip(candidates, oldest, strict=True):

@@ -1,4 +1,10 @@
--- KEYS: the session's tier streams. Reply: {now, arrival time of the oldest entry or ''}.
+-- KEYS: the session's tier streams, its pending ids, its lease hash.
+-- Reply: {now, arrival time of the oldest entry a holder should collect, or ''}. Queued
+-- entries always count; pending ones (collected, not yet acknowledged) count only while no
+-- lease is live, for then the holder that collected them is gone and nobody will run them
+-- unless the session is claimed. Pending entries under a live lease answer `now`, so the scan
+-- looks at them again later instead of dropping the session from the index.
+local t = now()
 local oldest = ''
 for i = 1, 3 do
   local first = redis.call('XRANGE', KEYS[i], '-', '+', 'COUNT', 1)
@@ -11,4 +17,11 @@ for i = 1, 3 do
     end
   end
 end
-return {fmt(now()), oldest}
+if oldest == '' and redis.call('EXISTS', KEYS[4]) == 1 then
+  if live_lease(KEYS[5], t) then
+    oldest = fmt(t)
+  else
+    oldest = '0'
+  end
+end
+return {fmt(t), oldest}

@@ -8,7 +8,8 @@
 -- deleted whole) together with the pending entries of tokens up to ARGV[4]. The reply is kept
 -- under this take's key, so the same call run again after a lost reply answers the very same
 -- batch instead of an empty one.
--- Reply: {now, tiers still holding entries, {message id, envelope, arrival, ...}}; a field the
+-- Reply: {now, how many of the tiers and the pending set still hold entries, {message id,
+-- envelope, arrival, ...}}; a field the
 -- entry lacks (or a pending entry whose payload is gone) comes back as nil, for the caller to
 -- report that entry unreadable.
 local kept = redis.call('GET', KEYS[4])
@@ -68,7 +69,7 @@ elseif #out > 0 then
   redis.call('PEXPIRE', KEYS[5], ARGV[5])
   redis.call('PEXPIRE', KEYS[6], ARGV[5])
 end
-local reply = {fmt(now()), redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3]), out}
+local reply = {fmt(now()), redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[5]), out}
 if #out > 0 then
   redis.call('SET', KEYS[4], cmsgpack.pack(reply), 'EX', ARGV[2])
 end
