@@ -124,7 +124,7 @@ class RedisInbox(_Role):
             ],
             args=[last_tier, _DELIVERY_MEMORY, token, reclaim, _ms(self._ttl), int(purge)],
         )
-        if flat and not int(remaining):
+        if (flat or purge) and not int(remaining):
             # Nothing is queued or pending any more: an index failure must not fail the take
             # (a stale index entry is dropped by the next pending_sessions scan).
             try:
