@@ -49,7 +49,7 @@ from stickless import (
     TurnResult,
 )
 
-from .mp_cluster import LogEntry, MpCluster, NodeProcess, poll
+from .mp_cluster import FAST_CONFIG, LogEntry, MpCluster, NodeProcess, poll
 from .redis_fixture import RedisServer, redis_executable
 from .storm.checker import Checker
 from .storm.journal import echoed
@@ -418,7 +418,10 @@ RULES = Rules(
     # take about forward_ttl)
     slow_after=FORWARD_TTL,
     drain_within=15.0,
-    settle_within=10.0,
+    # A holderless reservation whose message went with a killed node (say, purged by a release
+    # that node was carrying out) settles by the stale sweep: forward_ttl + the secondary TTL
+    # after it was made.
+    settle_within=FORWARD_TTL + FAST_CONFIG["idempotency_secondary_ttl"] + 2.0,
 )
 
 
