@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from stickless import Priority
-from stickless.backends.base import Lease, ReservationRef
-from stickless.backends.redis import RedisBackends
+from stickless.backends.base import HolderTakeover, Lease, ReservationRef
+from stickless.backends.redis import RedisBackends, _idempotency
 from stickless.backends.redis._keys import parse_reservation_member, reservation_member
+from stickless.backends.redis._scripts import Call
 from stickless.wire import Outcome
 
 from .redis_stores import DAY, LONG, envelope
@@ -61,6 +64,32 @@ async def test_stale_index_follows_a_deadline_moved_earlier(bundle: RedisBackend
     await asyncio.sleep(0.3)
     # Then the sweep finds it
     assert [r.key for r in await idem.find_stale_in_flight(10)] == ["k1"]
+
+
+async def test_stale_index_follows_a_take_over_during_a_scan(
+    bundle: RedisBackends, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    idem = bundle.idempotency
+    # Given a forwarded message's reservation: reserved by its submitter, then made holderless
+    # (stale only after a long forward bound), its index entry still due (score 0)
+    assert await idem.put_if_absent("s1", "k1", "t1", "h", "node-a", LONG, DAY) is None
+    assert await idem.release_holder("s1", "k1", "node-a", LONG)
+    # When node-b takes it over (its deadline: now) after a sweep read the holderless
+    # reservation and before that sweep rescores its index entry
+    rescore, run_batch = idem._scripts.index_rescore, _idempotency.run_batch
+    taken: list[HolderTakeover] = []
+
+    async def take_over_first(client: Any, calls: Sequence[Call]) -> list[Any]:
+        if not taken and any(call.script is rescore for call in calls):
+            taken.append(await idem.acquire_holder("s1", "k1", "t1", "node-b", 0.0))
+        return await run_batch(client, calls)
+
+    monkeypatch.setattr(_idempotency, "run_batch", take_over_first)
+    assert await idem.find_stale_in_flight(10) == []
+    monkeypatch.undo()
+    assert taken == [HolderTakeover.WON]
+    # Then the next sweep finds it stale (node-b never touched it), not after the forward bound
+    assert [r.holder for r in await idem.find_stale_in_flight(10)] == ["node-b"]
 
 
 async def test_finished_reservations_leave_the_stale_index(bundle: RedisBackends) -> None:

@@ -125,8 +125,11 @@ class RedisIdempotencyStore(_Role):
         """WON when the reservation was IN_FLIGHT, holderless and for `turn_id`; else REJECTED.
 
         One round trip: the take-over shortens the staleness deadline, so the index entry is
-        lowered (optimistically to 0: the scan rescores it) in the script's pipeline, with the
-        holder-index add (dropped by `expire_holder` when the take-over was refused).
+        made due at once (the scan rescores it) in the script's pipeline, with the holder-index
+        add (dropped by `expire_holder` when the take-over was refused). Its score always moves
+        (`index_lower`): a sweep that read the holderless reservation just before must not
+        rescore the entry to the holderless deadline afterwards, as it would were the score
+        left at the 0 the reservation got when it was made.
         """
         member = reservation_member(session_id, key, turn_id)
         index = self._keys.holder_reservations(holder)
@@ -138,7 +141,7 @@ class RedisIdempotencyStore(_Role):
                     [self._keys.reservation(session_id, key)],
                     [holder, _num(secondary_ttl), turn_id],
                 ),
-                Call(None, ["ZADD", self._keys.stale_index, "LT", "0", member]),
+                Call(self._scripts.index_lower, [self._keys.stale_index], [member]),
                 Call(None, ["SADD", index, member]),
                 *_keep_index(index, secondary_ttl),
             ],

@@ -44,6 +44,7 @@ class Scripts:
         self.index_due = load("index_due")
         self.index_rescore = load("index_rescore")
         self.index_drop = load("index_drop")
+        self.index_lower = load("index_lower")
         self.idem_put = load("idem_put")
         self.idem_touch = load("idem_touch")
         self.idem_acquire = load("idem_acquire")
