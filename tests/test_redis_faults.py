@@ -17,6 +17,7 @@ from stickless import (
     RouterConfig,
     SessionRouter,
     SubmitDisposition,
+    SubmitKind,
     TurnFailedError,
 )
 from stickless.backends.base import FencedOut
@@ -180,6 +181,31 @@ async def test_a_claim_fenced_out_at_provisioning_is_not_an_error_for_the_caller
     # Then the caller is not failed: the turn goes through the inbox and is answered
     assert (await asyncio.wait_for(disposition.result, 10.0)).text == "echo:fenced"
     assert journal.texts("s1") == ["fenced"]
+
+
+async def test_a_lease_won_too_late_to_be_sure_it_lasts_is_not_run_on(
+    start: Start, fault_proxy: FaultProxy, redis_url: str, journal: Journal
+) -> None:
+    late = await start(fault_proxy.url())
+    leases = (await start(redis_url)).backends.leases
+    # Given a node's lease acquisition runs on the server, but its reply is held until the
+    # lease it won has run out (anyone may claim the session by then)
+    held = fault_proxy.hold_reply(script="lease_acquire", seconds=None)
+    submitting = asyncio.ensure_future(late.submit(req("s1", "late", idempotency_key="k")))
+    await held.wait_fired()
+
+    async def run_out() -> bool:
+        return await leases.current("s1") is None
+
+    await wait_until(run_out)
+    # When the reply comes in
+    held.release()
+    disposition = await submitting
+    # Then the node does not run the turn on that lease: the turn goes through the inbox like
+    # any forward, runs once and is answered
+    assert disposition.kind is SubmitKind.FORWARDED
+    assert (await asyncio.wait_for(disposition.result, 10.0)).text == "echo:late"
+    assert journal.texts("s1") == ["late"]
 
 
 async def test_a_delivery_whose_outcome_is_unknown_is_not_refused_if_it_may_run(

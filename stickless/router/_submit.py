@@ -270,8 +270,9 @@ class Submitter(SessionPart):
                 try:
                     claimed = await self._sessions.claim(session_id, work.agent_ref)
                 except FencedOut:
-                    # A newer lease provisioned the record meanwhile: the session is someone
-                    # else's now, so the turn goes through the inbox like any forward.
+                    # A newer lease provisioned the record meanwhile, or ours was won too late
+                    # to be sure it lasts: the session may be someone else's now, so the turn
+                    # goes through the inbox like any forward.
                     claimed = HeldElsewhere(session_id, "", _UNKNOWN_TOKEN, 0.0)
                 if isinstance(claimed, SessionActor):
                     self._renewer.own(session_id, work.key)
