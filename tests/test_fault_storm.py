@@ -5,17 +5,22 @@ Every node process talks to the (append-only) redis-server through a `FaultProxy
 tests/storm/waves.py run, a seeded driver (tests/storm/faults.py) fires, every few submits, one
 of: a connection cut right after a chosen stickless script ran (its reply lost), a held reply,
 a stall of one node's whole path, a reset of every connection of one node, SIGSTOP/SIGCONT or
-SIGKILL (then a replacement) of a node process, and a redis-server restart. In CI, holds, stalls
-and stops stay shorter than the lease; the soak makes them last past it (then a holder that has
-not noticed its loss overlaps the next one until it does, as the README's guarantees table says:
-the soak's checker reports those overlaps). The storms' one checker (tests/storm/checker.py)
-then holds the history to every invariant, with no violation allowed.
+SIGKILL (then a replacement) of a node process, and a redis-server restart. Held replies last up
+to twice the lease TTL, stalls and stops past it: a holder kept from Redis past its lease
+overlaps the next holder until it notices, as the README's guarantees table says (its late
+commit is refused). The driver records every span during which a node could not renew its
+leases (`History.outages`), and the storms' one checker (tests/storm/checker.py) then holds the
+history to every invariant, with no violation allowed: it allows exactly that overlap (the
+earlier turn's node was kept away longer than the lease TTL while it ran, and that turn
+committed nothing: tests/storm/overlaps.py), and the run lists the overlaps it allowed. The
+same outages explain a release refused with SessionBusyError (its node, or the session's
+holder, was kept away while it waited).
 
 A cut right after `inbox_take` (or `inbox_ack`), or a redis-server restart right after it ran,
 loses nothing: the batch stays pending under the holder's lease until each message's answer is
 recorded, and the holder (or the next one) takes it back on its next collect.
 
-CI runs `test_fault_storm_keeps_the_invariants` (fixed seeds, well under a minute each). The soak
+CI runs `test_fault_storm_keeps_the_invariants` (fixed seeds, about half a minute each). The soak
 is the same storm, longer, with a random seed (printed):
 
     STICKLESS_SOAK=1 [STICKLESS_SOAK_SEED=<n>] [STICKLESS_SOAK_WAVES=<n>] \\
@@ -32,6 +37,7 @@ import dataclasses
 import os
 import random
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -73,15 +79,13 @@ FAULTS = FaultPlan(
         "redis_restart": 0.3,
     },
     cut_scripts=CUT_SCRIPTS,
-    # Held replies, stalls and stops shorter than the lease: a holder kept from Redis past its
-    # lease overlaps the next holder until it notices (the README's guarantees table says so;
-    # its late commit is refused), which the soak below exercises.
-    hold=(0.3, 0.8 * LEASE_TTL),
-    stall=(0.3 * LEASE_TTL, 0.8 * LEASE_TTL),
-    stop=(0.3 * LEASE_TTL, 0.8 * LEASE_TTL),
-)
-#: What the soak adds: faults that last past the lease.
-PAST_THE_LEASE = dict(
+    # Held replies up to twice the lease, stalls and stops past it: a holder kept from Redis
+    # past its lease overlaps the next holder until it notices (the README's guarantees table
+    # says so; its late commit is refused), which the checker allows (tests/storm/overlaps.py).
+    # (Not allowed, although they are the same window: the overlap of a fault a little
+    # shorter than the lease that outlasted it, the lease having been renewed up to
+    # `lease_extend_interval` before; and that of a turn the holder started after the fault,
+    # before noticing its loss. Both are rare; see tests/storm/overlaps.py.)
     hold=(0.3, 2 * LEASE_TTL),
     stall=(1.2 * LEASE_TTL, 2.5 * LEASE_TTL),
     stop=(1.2 * LEASE_TTL, 2.5 * LEASE_TTL),
@@ -111,7 +115,8 @@ async def fault_storm(
             await nodes.record(history)
             driver.record(history)
             # (a node whose own path to Redis failed may refuse a call: BackendUnavailableError)
-            checker = Checker(history, dataclasses.replace(RULES, excused=driver.excused))
+            rules = dataclasses.replace(RULES, excused=driver.excused, lease_ttl=LEASE_TTL)
+            checker = Checker(history, rules)
             await checker.check(cluster.backends)
             nodes_started = len(cluster.nodes)
     finally:
@@ -127,14 +132,23 @@ async def fault_storm(
         f"node restarts={nodes_started - 3}, "
         f"redis_restarts={len(history.restarts)}"
     )
+    past = Counter(o.what for o in history.outages if o.seconds > LEASE_TTL)
+    print(
+        f"outages past the lease: {dict(sorted(past.items()))} of {len(history.outages)}, "
+        f"allowed overlaps: {len(checker.allowed_overlaps)}"
+    )
+    for overlap in checker.allowed_overlaps:
+        print(f"allowed overlap {overlap}")
     for hit in checker.known_bug:
         print(f"known bug {hit.splitlines()[0]}")
     print(f"fault storm and checks took {time.monotonic() - started:.1f}s")
     if checker.violations:
         report = logs / "fault-timeline.txt"
         lines = [f"{stamp:.0f} {what}" for stamp, what in driver.timeline()]
+        lines += [f"{k.stamp:.0f} killed {k.node} (mid-turn {k.mid_turn})" for k in history.kills]
+        lines += [f"{o.start:.0f}-{o.end:.0f} outage {o}" for o in history.outages]
         lines += [f"{e.start:.0f}-{e.end} ran {e}" for e in history.executions]
-        report.write_text("\n".join(lines))
+        report.write_text("\n".join(sorted(lines)))  # (stamps of one width: in time order)
         print(f"fault timeline and executions: {report}")
     # Then every invariant held, and the proxies worked as told
     assert not checker.violations, f"seed {seed}:\n{checker.report()}"
@@ -165,5 +179,5 @@ async def test_fault_storm_soak(aof_server: RedisServer, node_logs: Path) -> Non
         kill_waves=tuple(range(6, waves, 15)),
         restart_wave=waves // 2,
     )
-    faults = dataclasses.replace(FAULTS, **PAST_THE_LEASE)
+    faults = FAULTS
     await fault_storm(seed, plan, faults, aof_server, node_logs)

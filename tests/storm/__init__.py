@@ -10,7 +10,8 @@ The in-process storm (tests/test_invariants.py), the node-process storm
 - `journal`: the in-process agent and its journal of executions (the node-process and Ray
   agents log theirs to Redis, and their adapters read them into the same records);
 - `checker`: the one checker of the invariants over a history and the stores, with each
-  environment's `rules.Rules`;
+  environment's `rules.Rules`; `overlaps`: its serialization check, with the one overlap of
+  turns the README allows (a holder kept from the store past its lease that commits nothing);
 - `known_bugs`: the stickless bugs the storms found, with the switches that turn their symptoms
   into listed known-bug hits.
 """

@@ -13,15 +13,18 @@ uniform pick) it fires one fault, drawn by `FaultPlan.weights`, at a random live
   the connection reset (`cut_after`);
 - ``hold``: the reply of the node's next run of a listed script (or of its next command) is
   held for `hold` seconds (a few hundred ms to about twice the lease TTL);
-- ``stall``: the node's whole path (every connection, both directions) is held `stall` seconds,
-  past its lease;
+- ``stall``: the node's whole path (every connection, both directions) is held `stall` seconds
+  (past its lease);
 - ``reset``: every connection of the node's path is reset (`reset_all`);
 - ``sigstop``: the node process is SIGSTOPped for `stop` seconds, then SIGCONTed;
 - ``sigkill``: the node process is SIGKILLed (recorded as a crash) and a new one started;
 - ``redis_restart``: the redis-server restarts (append-only, same port) like the wave storm's.
 
 A fault armed on a script may never fire (the node never ran it again, or died first): the
-driver reports what it armed and what fired, by kind.
+driver reports what it armed and what fired, by kind. Into the history it writes the sessions
+whose inbox_take reply a cut dropped (`History.collect_failures`) and every span during which a
+fault kept a node from renewing its leases (`History.outages`: a stop, a stall, a held reply of
+a renewal), which is what the checker needs to tell the overlap the README allows.
 """
 
 from __future__ import annotations
@@ -36,11 +39,11 @@ from dataclasses import dataclass, field
 
 from stickless import BackendUnavailableError
 
-from ..faults import Fault, FaultProxy
+from ..faults import Fault, FaultProxy, HoldReply
 from ..mp_cluster import MpCluster, NodeProcess
 from ..redis_fixture import RedisServer
 from .nodes import NodeWaves
-from .records import Call, Control, History
+from .records import Call, Control, History, Outage
 from .waves import WaveStorm
 
 #: The stickless scripts whose reply a `cut` may drop (see stickless/backends/redis/lua/).
@@ -56,6 +59,9 @@ CUT_SCRIPTS = (
     "inbox_take",
     "inbox_ack",
 )
+#: The scripts of a node's lease renewals (`LeaseRenewer.tick`): holding their reply keeps the
+#: node's leases from being renewed.
+RENEWALS = ("lease_renew", "idem_touch")
 
 
 @dataclass(frozen=True)
@@ -120,6 +126,8 @@ class Armed:
     took_effect: bool = False
     #: Sessions named by the keys of the commands a rule matched (a cut's evidence).
     sessions: list[str] = field(default_factory=list)
+    #: When a stopped process was continued, on the executions' clock.
+    until: float | None = None
 
     @property
     def fired(self) -> bool:
@@ -136,6 +144,9 @@ class FaultDriver:
         self.storm = storm
         self.armed: list[Armed] = []
         self.tasks: list[asyncio.Task[None]] = []
+        #: When the proxies were cleared (what they still held went through), on the
+        #: executions' clock.
+        self.cleared: float | None = None
         self._kinds = sorted(plan.weights)
 
     # ------------------------------------------------------------ the run
@@ -154,6 +165,7 @@ class FaultDriver:
         """Stop firing, let go of everything held (proxies, stopped processes)."""
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
+        self.cleared = self.nodes.clock()
         self.nodes.pool.clear()
         await asyncio.gather(*self.tasks)
 
@@ -189,7 +201,8 @@ class FaultDriver:
                 return
             node.sigstop()
             entry.took_effect = True
-            self.tasks.append(asyncio.ensure_future(self.resume(node, rng.uniform(*plan.stop))))
+            entry.seconds = rng.uniform(*plan.stop)
+            self.tasks.append(asyncio.ensure_future(self.resume(node, entry)))
         elif kind == "sigkill":
             entry.node = (victim := self.target(running=False)).node_id
             await self.nodes.crash(victim, self.storm)
@@ -200,10 +213,11 @@ class FaultDriver:
         else:
             raise ValueError(f"unknown fault kind {kind!r}")
 
-    async def resume(self, node: NodeProcess, seconds: float) -> None:
+    async def resume(self, node: NodeProcess, entry: Armed) -> None:
         # (how long the process stays stopped: the fault itself, not a synchronisation)
-        await asyncio.sleep(seconds)
+        await asyncio.sleep(entry.seconds)
         node.sigcont()
+        entry.until = self.nodes.clock()
 
     def witness(self, entry: Armed) -> object:
         """A rule predicate that notes the sessions named by the keys of what it matched."""
@@ -260,12 +274,53 @@ class FaultDriver:
         return any(start <= what.done and end >= what.sent for start, end in spans)
 
     def record(self, history: History) -> None:
-        """A fired cut of inbox_take: where LOST_COLLECT_BUG (fixed) would show, for
-        the session its keys name (the checker lists that session's losses as known-bug hits)."""
+        """A fired cut of inbox_take: where LOST_COLLECT_BUG (fixed) would show, for the
+        session its keys name (the checker lists that session's losses as known-bug hits).
+        Every span during which a node could not renew its leases is an `Outage` (call it once
+        the storm's kills are recorded and the driver has stopped)."""
         for entry in self.armed:
             if entry.kind == "cut:inbox_take" and entry.fired:
                 for session_id in entry.sessions:
                     history.collect_failures[session_id] += 1
+        history.outages.extend(self.outages(history))
+
+    def outages(self, history: History) -> list[Outage]:
+        """Spans, on the executions' clock, during which a fault kept a node from renewing its
+        leases: a stopped process (until SIGCONT, or its crash), a stalled path, a held reply
+        of a renewal (`RENEWALS`; a held reply of anything else keeps one connection waiting,
+        not the lease). Each ends when what it held went through (at the latest when the
+        driver cleared the proxies or the node crashed; a held reply never delivered, at the
+        latest when the node's connections were reset)."""
+        offset = time.time() - time.monotonic()
+        crashes = {kill.node: kill.stamp for kill in history.kills}
+        cleared = self.cleared if self.cleared is not None else float("inf")
+        resets = [(a.node, a.stamp) for a in self.armed if a.kind == "reset" and a.took_effect]
+        found: list[Outage] = []
+
+        def add(node: str, what: str, start: float, end: float) -> None:
+            end = min(end, cleared, crashes.get(node, end))
+            found.append(Outage(node, what, start, end, (end - start) / 1e6))
+
+        for entry in self.armed:
+            if not entry.fired:
+                continue
+            if entry.kind == "sigstop":
+                add(entry.node, entry.kind, entry.stamp, entry.until or cleared)
+            elif entry.kind == "stall":
+                add(entry.node, entry.kind, entry.stamp, entry.stamp + entry.seconds * 1e6)
+            elif entry.kind.startswith("hold:") and isinstance(entry.rule, HoldReply):
+                delivered = entry.rule.delivered_at
+                for index, event in enumerate(entry.rule.events):
+                    if event.script not in RENEWALS:
+                        continue
+                    start = (event.at + offset) * 1e6
+                    if index < len(delivered):
+                        end = (delivered[index] + offset) * 1e6
+                    else:  # (its connection was reset, or the node died, while it was held)
+                        reset = [at for node, at in resets if node == entry.node and at >= start]
+                        end = min([start + entry.seconds * 1e6, *reset])
+                    add(entry.node, f"hold:{event.script}", start, end)
+        return found
 
 
 class FaultNodes(NodeWaves):

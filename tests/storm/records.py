@@ -88,6 +88,9 @@ class Control:
     session_id: str
     sent: float = 0.0
     done: float = 0.0
+    #: The same two instants on the executions' clock (see `Execution.start`).
+    sent_at: float = 0.0
+    done_at: float = 0.0
     error: BaseException | None = None
 
     @property
@@ -105,6 +108,23 @@ class Kill:
     #: Until when (on the executions' clock) a turn the crash cut short counts as running.
     stamp: float = 0.0
     mid_turn: bool = False
+
+
+@dataclass(frozen=True)
+class Outage:
+    """A span during which a node could not renew its leases: its process was stopped, its
+    whole path to the store stalled, or the replies of its lease renewals held."""
+
+    node: str  # as `Execution.node` names it
+    what: str  # the fault ("sigstop", "stall", "hold:lease_renew", ...)
+    #: When it began and ended, on the executions' clock.
+    start: float
+    end: float
+    #: How long it lasted, in seconds.
+    seconds: float
+
+    def __str__(self) -> str:
+        return f"{self.what} on {self.node} for {self.seconds:.2f}s"
 
 
 @dataclass
@@ -153,3 +173,6 @@ class History:
     injections: list[Injection] = field(default_factory=list)
     #: Sessions whose inbox collects failed, as the nodes logged it (evidence of a known bug).
     collect_failures: Counter[str] = field(default_factory=Counter)
+    #: Spans during which a node could not renew its leases (the fault storm's driver records
+    #: them: they explain the one overlap of turns the README allows).
+    outages: list[Outage] = field(default_factory=list)

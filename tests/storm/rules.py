@@ -64,6 +64,12 @@ class Rules:
     #: node never killed is a success, only a crash excuses a key's second commit, and every
     #: HOLDER_LOST answer follows a crash.
     only_crashes_lose_holders: bool = False
+    #: The nodes' lease TTL, when the history records outages (`History.outages`): an overlap
+    #: of two turns of a session is allowed when the earlier one's node was kept from the store
+    #: longer than this while it ran, and it committed nothing; a release may fail with
+    #: SessionBusyError when its node or the session's holder was (tests/storm/overlaps.py).
+    #: None: neither is allowed.
+    lease_ttl: float | None = None
     #: An answer that took this long counts as slow (a diagnostic count, not a bound).
     slow_after: float = float("inf")
     #: How long inboxes may take to drain, and reservations to settle, after the run.

@@ -107,6 +107,11 @@ class WaveStorm:
         self.history = History(seed, plan.session_ids())
         self.waiters: list[asyncio.Task[None]] = []
         self.background: list[asyncio.Task[None]] = []
+        #: Clear while the store restarts; how many restarts began, and how many are going on.
+        self.store_up = asyncio.Event()
+        self.store_up.set()
+        self._restarts_begun = 0
+        self._restarting = 0
         #: Known keys per session, with the input they were first used with.
         self.keys: dict[str, dict[str, str]] = defaultdict(dict)
         self._unique: Iterator[int] = itertools.count(1)
@@ -189,12 +194,12 @@ class WaveStorm:
     # ------------------------------------------------------------ controls
 
     async def control(self, entry: Control, action: Awaitable[None]) -> None:
-        entry.sent = time.monotonic()
+        entry.sent, entry.sent_at = time.monotonic(), self.cluster.clock()
         try:
             await action
         except Exception as exc:
             entry.error = exc
-        entry.done = time.monotonic()
+        entry.done, entry.done_at = time.monotonic(), self.cluster.clock()
 
     def random_controls(self) -> None:
         rng, plan, cluster = self.rng, self.plan, self.cluster
@@ -222,8 +227,13 @@ class WaveStorm:
     # ------------------------------------------------------------ crashes and restarts
 
     async def running_probe(self) -> tuple[Call, Any]:
-        """Submit a probe turn and return it with the node running it, once it runs."""
-        for _ in range(self.plan.probe_tries):
+        """Submit a probe turn and return it with the node running it, once it runs (a probe
+        refused while the store restarts does not count as a try: the next one waits for the
+        store to be back)."""
+        tries = 0
+        while tries < self.plan.probe_tries:
+            await self.store_up.wait()
+            restarts = self._restarts_begun
             session_id = self.session()
             tag = f"{self.plan.probe_prefix}{next(self._unique)}"
             node = self.rng.choice(self.cluster.alive())
@@ -231,6 +241,10 @@ class WaveStorm:
             text = request_text(session_id, tag, self.cluster.probe_spec(tag))
             call = self.new_call(session_id, node, text, None, tag, Priority.NEXT, probe=True)
             await self.place(call)
+            restarted = restarts != self._restarts_begun or not self.store_up.is_set()
+            if call.refused is not None and restarted:
+                continue
+            tries += 1
             if call.refused is not None:
                 continue
             runner = await self.cluster.runner_of(call)
@@ -243,7 +257,15 @@ class WaveStorm:
 
     async def restart(self) -> None:
         began = time.monotonic()
-        await self.cluster.restart()
+        self._restarts_begun += 1
+        self._restarting += 1
+        self.store_up.clear()
+        try:
+            await self.cluster.restart()
+        finally:
+            self._restarting -= 1
+            if not self._restarting:
+                self.store_up.set()
         self.history.restarts.append((began, time.monotonic()))
 
     # ------------------------------------------------------------ the run
