@@ -8,8 +8,9 @@ import asyncio
 
 import pytest
 
-from stickless import BackendUnavailableError, FailureCode
+from stickless import BackendUnavailableError, FailureCode, TurnResult
 from stickless.actors import TurnWork
+from stickless.testing import LocalCluster
 from stickless.wire import Outcome
 
 from .agents import Journal, failure_code, req
@@ -111,19 +112,31 @@ async def test_a_cancel_whose_turn_was_answered_elsewhere_sends_no_contradicting
         assert [f for f in frames if f.turn_id == queued.turn_id] == []
 
 
+#: The answer another node ("other") records for turn-1.
+DONE = Outcome(turn_id="turn-1", ok=True, text="the real answer", executed_by="other")
+
+
+async def _reserved_elsewhere(
+    cluster: LocalCluster, text: str
+) -> tuple[TurnWork, asyncio.Future[TurnResult]]:
+    """Turn-1 of s1 (key "k") reserved and held by another node, this node's copy of its work,
+    and a caller of it waiting here."""
+    node = cluster.nodes[0]
+    request = req("s1", text, idempotency_key="k")
+    work = TurnWork.from_request(request, "turn-1", "c:k", node.node_id)
+    idem = cluster.backends.idempotency
+    assert await idem.put_if_absent("s1", "c:k", "turn-1", "h", "other", 30.0, 60.0) is None
+    return work, node._callers.add("turn-1", "s1")
+
+
 async def test_a_refused_answer_whose_lookup_fails_never_contradicts_the_stored_one(
     journal: Journal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with make_cluster(journal, nodes=1) as cluster:
         node = cluster.nodes[0]
-        idem = cluster.backends.idempotency
         # Given a turn whose answer is recorded (DONE, by another node), with a caller here
-        request = req("s1", "done elsewhere", idempotency_key="k")
-        work = TurnWork.from_request(request, "turn-1", "c:k", node.node_id)
-        assert await idem.put_if_absent("s1", "c:k", "turn-1", "h", "other", 30.0, 60.0) is None
-        done = Outcome(turn_id="turn-1", ok=True, text="the real answer", executed_by="other")
-        assert await idem.mark_done("s1", "c:k", "other", done, 60.0)
-        caller = node._callers.add("turn-1", "s1")
+        work, caller = await _reserved_elsewhere(cluster, "done elsewhere")
+        assert await cluster.backends.idempotency.mark_done("s1", "c:k", "other", DONE, 60.0)
         # And this node's lookups of the store fail for a moment
         find = node.backends.idempotency.find
         failures = [BackendUnavailableError("connection reset")] * 2
@@ -146,18 +159,13 @@ async def test_a_copy_of_a_turn_running_elsewhere_leaves_its_callers_to_that_tur
 ) -> None:
     async with make_cluster(journal, nodes=1) as cluster:
         node = cluster.nodes[0]
-        idem = cluster.backends.idempotency
         # Given a turn that started on another node (its reservation is held there), with a
         # caller here following it
-        request = req("s1", "running elsewhere", idempotency_key="k")
-        work = TurnWork.from_request(request, "turn-1", "c:k", node.node_id)
-        assert await idem.put_if_absent("s1", "c:k", "turn-1", "h", "other", 30.0, 60.0) is None
-        caller = node._callers.add("turn-1", "s1")
+        work, caller = await _reserved_elsewhere(cluster, "running elsewhere")
         # When this node ends a copy of it without running (say, purged by a release)
         await node._outcomes.fail(work, FailureCode.EVICTED, "session released")
         # Then the caller is not answered for it: the turn's own holder answers, later
         assert not caller.done()
-        done = Outcome(turn_id="turn-1", ok=True, text="the real answer", executed_by="other")
-        assert await idem.mark_done("s1", "c:k", "other", done, 60.0)
-        await node._outcomes.announce("s1", "c:k", done)
+        assert await cluster.backends.idempotency.mark_done("s1", "c:k", "other", DONE, 60.0)
+        await node._outcomes.announce("s1", "c:k", DONE)
         assert (await caller).text == "the real answer"

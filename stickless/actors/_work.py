@@ -104,4 +104,3 @@ class TurnWork:
     @property
     def sort_key(self) -> tuple[int, int]:
         return (int(self.priority), self.order)
-

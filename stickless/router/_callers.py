@@ -172,12 +172,7 @@ def expired(forward: Forward, now: float, forward_ttl: float) -> Outcome | None:
     """The FORWARD_TIMEOUT answer of a forward past its deadline, else None."""
     if now < forward.deadline:
         return None
-    return unknown(forward.turn_id, forward_ttl)
-
-
-def unknown(turn_id: str, forward_ttl: float) -> Outcome:
-    """The answer of a turn whose outcome this node could not learn within `forward_ttl`."""
-    return Outcome.unknown(turn_id, forward_ttl)
+    return Outcome.unknown(forward.turn_id, forward_ttl)
 
 
 def judge_forward(forward: Forward, found: Reservation | None) -> Outcome | None:

@@ -21,7 +21,6 @@ from ..backends.base import (
 )
 from ..wire import Outcome, SignalKind, TurnResultPayload
 from ._background import io, log, quiet
-from ._callers import unknown
 from ._context import NodeContext, RouterPart
 from ._control import ControlChannel
 from ._keys import primary_ttl
@@ -97,7 +96,7 @@ class TurnOutcomes(RouterPart):
         if recorded is None:
             self._bg.spawn(self._record_later(work, outcome, commit), "mark-done-retry")
             if not free:
-                self._callers.resolve(unknown(work.turn_id, self._config.forward_ttl))
+                self._tell_unknown(work.turn_id)
                 return None
         else:
             self._renewer.disown(work.session_id, work.key)
@@ -121,7 +120,7 @@ class TurnOutcomes(RouterPart):
             # else the turn started on another node: its holder (or the holder-loss sweep)
             # answers, and callers here keep following it
         elif looked_up is None:
-            self._callers.resolve(unknown(work.turn_id, self._config.forward_ttl))
+            self._tell_unknown(work.turn_id)
         else:
             self._callers.resolve(
                 Outcome.failure(
@@ -143,20 +142,13 @@ class TurnOutcomes(RouterPart):
     ) -> bool | None:
         """mark_done, retried while the store is out of reach (only tried once unless
         `patient`): True recorded, False refused, None still unknown after `forward_ttl`."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + (self._config.forward_ttl if patient else 0.0)
-        delay = _RETRY_FIRST
-        while True:
-            try:
-                return await self._mark_done(work, outcome, commit)
-            except FencedOut:
-                raise
-            except Exception as exc:
-                log.warning("mark_done failed for %s/%s: %s", work.session_id, work.turn_id, exc)
-            if loop.time() + delay >= deadline or self._bg.closed:
-                return None
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, _RETRY_CAP)
+        within = self._config.forward_ttl if patient else 0.0
+        answered = await self._patiently(lambda: self._mark_done(work, outcome, commit), within)
+        return None if answered is None else answered[0]
+
+    def _tell_unknown(self, turn_id: str) -> None:
+        """This node's callers of the turn learn its answer is unknown (they may retry)."""
+        self._callers.resolve(Outcome.unknown(turn_id, self._config.forward_ttl))
 
     async def _mark_done(
         self, work: TurnWork, outcome: Outcome, commit: StagedCommit | None
@@ -248,7 +240,7 @@ class TurnOutcomes(RouterPart):
             looked_up = await self._patiently(lambda: idem.find(session_id, key))
         if acquired is None or looked_up is None:
             log.warning("take-over of %s/%s left undecided: not run", session_id, key)
-            self._callers.resolve(unknown(turn_id, self._config.forward_ttl))
+            self._tell_unknown(turn_id)
             return False
         (found,) = looked_up
         if found is not None and found.turn_id == turn_id:
@@ -284,16 +276,24 @@ class TurnOutcomes(RouterPart):
                 )
                 self._bg.spawn(retry, "ack")
 
-    async def _patiently(self, call: Callable[[], Awaitable[_T]]) -> tuple[_T] | None:
-        """Run a store call until it answers, for up to `forward_ttl` while the store is out of
-        reach (every call here is safe to repeat): its reply, or None when it never answered
-        (or the router closes meanwhile)."""
+    async def _patiently(
+        self, call: Callable[[], Awaitable[_T]], within: float | None = None
+    ) -> tuple[_T] | None:
+        """Run a store call until it answers, for up to `within` seconds (default
+        `forward_ttl`) while the store is out of reach (every call here is safe to repeat):
+        its reply, or None when it never answered (or the router closes meanwhile).
+
+        Raises:
+            FencedOut: the call was refused by the record's fence (an answer, not an outage).
+        """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._config.forward_ttl
+        deadline = loop.time() + (self._config.forward_ttl if within is None else within)
         delay = _RETRY_FIRST
         while True:
             try:
                 return (await call(),)
+            except FencedOut:
+                raise
             except Exception as exc:
                 log.warning("store call failed, retrying: %s", exc)
             if loop.time() + delay >= deadline or self._bg.closed:

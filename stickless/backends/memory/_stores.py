@@ -216,25 +216,18 @@ class MemoryInbox:
                     rows.extend(left.values())
                     mine.update(left)
             mine.update((row.message_id, row) for row in rows)
-            if not mine:
-                del by_token[token]
-            if not by_token:
-                del state.pending[session_id]
+            _forget_empty_pending(state, session_id, token)
         return _decode_rows(session_id, rows)
 
     async def ack(self, session_id: str, token: int, message_ids: Sequence[str]) -> None:
         """Drop answered entries from the pending set."""
         with self._link.open() as state:
-            by_token = state.pending.get(session_id, {})
-            mine = by_token.get(token)
+            mine = state.pending.get(session_id, {}).get(token)
             if mine is None:
                 return
             for message_id in message_ids:
                 mine.pop(message_id, None)
-            if not mine:
-                del by_token[token]
-            if not by_token:
-                state.pending.pop(session_id, None)
+            _forget_empty_pending(state, session_id, token)
 
     async def is_empty(self, session_id: str) -> bool:
         """True when nothing is queued or pending for the session."""
@@ -267,6 +260,15 @@ class MemoryInbox:
                 if session_id not in state.inbox and _live_lease(state, session_id, now) is None
             ]
             return queued + left
+
+
+def _forget_empty_pending(state: State, session_id: str, token: int) -> None:
+    """Drop a lease's empty pending entries, and the session's when no lease has any left."""
+    by_token = state.pending[session_id]
+    if not by_token[token]:
+        del by_token[token]
+    if not by_token:
+        del state.pending[session_id]
 
 
 def _append_locked(
