@@ -1,11 +1,11 @@
 """In-memory backends: the embedded default, and a simulated cluster when routers share one."""
 
 from ._bundle import MemoryBackends
+from ._eventlog import MemoryEventLog
+from ._inbox import MemoryInbox
 from ._signals import MemorySignalBus, MemorySubscription
 from ._stores import (
-    MemoryEventLog,
     MemoryIdempotencyStore,
-    MemoryInbox,
     MemoryLeaseStore,
     MemoryRecordStore,
 )

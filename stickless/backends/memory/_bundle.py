@@ -16,12 +16,12 @@ from ..base import (
     RecordStore,
     SignalBus,
 )
+from ._eventlog import MemoryEventLog
+from ._inbox import MemoryInbox
 from ._shared import Link, State
 from ._signals import MemorySignalBus
 from ._stores import (
-    MemoryEventLog,
     MemoryIdempotencyStore,
-    MemoryInbox,
     MemoryLeaseStore,
     MemoryRecordStore,
 )

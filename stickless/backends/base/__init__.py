@@ -1,0 +1,104 @@
+"""Storage roles: one Protocol per role (a module each), and the values they exchange.
+
+Every time-based decision (lease expiry, reservation staleness, message age) is taken with the
+store's own clock, never the caller's, so nodes with skewed clocks agree.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from ._events import (
+    DEFAULT_EVENT_LOG_MAX_LEN,
+    DEFAULT_EVENT_LOG_TTL,
+    EventLog,
+    cursor_ahead,
+    cursor_trimmed,
+    event_id_key,
+    parse_event_cursor,
+    resume_cursor,
+)
+from ._idempotency import (
+    HolderTakeover,
+    IdempotencyStore,
+    Reservation,
+    ReservationRef,
+    ReservationState,
+)
+from ._inbox import (
+    CollectedBatch,
+    InboundMessage,
+    Inbox,
+    UnreadableEntry,
+    decode_entries,
+    sort_messages,
+)
+from ._leases import (
+    FencedOut,
+    HeldElsewhere,
+    Lease,
+    LeaseStore,
+)
+from ._records import (
+    RecordStore,
+    RecordView,
+    StagedCommit,
+)
+from ._signals import (
+    SignalBus,
+    SignalHandler,
+    Subscription,
+)
+
+__all__ = [
+    "Backends",
+    "CollectedBatch",
+    "DEFAULT_EVENT_LOG_MAX_LEN",
+    "DEFAULT_EVENT_LOG_TTL",
+    "EventLog",
+    "FencedOut",
+    "HeldElsewhere",
+    "HolderTakeover",
+    "IdempotencyStore",
+    "InboundMessage",
+    "Inbox",
+    "Lease",
+    "LeaseStore",
+    "RecordStore",
+    "RecordView",
+    "Reservation",
+    "ReservationRef",
+    "ReservationState",
+    "SignalBus",
+    "SignalHandler",
+    "StagedCommit",
+    "Subscription",
+    "UnreadableEntry",
+    "cursor_ahead",
+    "cursor_trimmed",
+    "decode_entries",
+    "event_id_key",
+    "parse_event_cursor",
+    "resume_cursor",
+    "sort_messages",
+]
+
+
+@runtime_checkable
+class Backends(Protocol):
+    """A bundle of every storage role a router needs."""
+
+    leases: LeaseStore
+    records: RecordStore
+    inbox: Inbox
+    signals: SignalBus
+    idempotency: IdempotencyStore
+    events: EventLog
+
+    def clone(self) -> Backends:
+        """A bundle over the same data with its own connections (for another thread's loop)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close connections this bundle opened."""
+        ...

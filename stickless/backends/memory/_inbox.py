@@ -1,0 +1,134 @@
+"""The in-memory inbox: per-tier FIFOs of encoded envelopes and per-lease pending sets."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+from ..._types import Priority
+from ...wire import (
+    Envelope,
+)
+from ..base import (
+    CollectedBatch,
+    decode_entries,
+)
+from ._shared import InboxRow, Link, State
+from ._stores import live_lease
+
+
+def _decode_rows(session_id: str, rows: list[InboxRow]) -> CollectedBatch:
+    """Decode removed rows one by one (see `base.decode_entries`)."""
+    return decode_entries(session_id, ((row.message_id, row.data, row.arrived_at) for row in rows))
+
+
+class MemoryInbox:
+    """One FIFO of encoded envelopes per priority tier per session."""
+
+    def __init__(self, link: Link) -> None:
+        self._link = link
+
+    async def deliver(self, envelope: Envelope, delivery_id: str | None = None) -> str:
+        """Append the envelope, stamping `enqueued_at` with the store clock when unset. A call
+        here either appends or raises before writing anything, so `delivery_id` (what makes a
+        repeated call safe over a network) has nothing to guard."""
+        with self._link.open() as state:
+            now = state.clock()
+            if envelope.enqueued_at == 0:
+                envelope = envelope.model_copy(update={"enqueued_at": now})
+            return _append_locked(
+                state, envelope.session_id, envelope.priority, envelope.encode(), now
+            )
+
+    async def deliver_raw(self, session_id: str, priority: Priority, data: bytes) -> str:
+        """Test hook: append arbitrary bytes (to plant corrupt entries)."""
+        with self._link.open() as state:
+            return _append_locked(state, session_id, priority, data, state.clock())
+
+    async def collect(
+        self, session_id: str, max_priority: Priority, token: int, *, reclaim_own: bool = False
+    ) -> CollectedBatch:
+        """Move every entry of tiers <= `max_priority` into the pending set under `token`
+        (a full collect also takes over older leases' pending entries, and this lease's with
+        `reclaim_own`), then decode per entry."""
+        with self._link.open() as state:
+            tiers = state.inbox.get(session_id, {})
+            rows: list[InboxRow] = []
+            for priority in sorted(tiers):
+                if priority <= max_priority:
+                    rows.extend(tiers.pop(priority))
+            if not tiers:
+                state.inbox.pop(session_id, None)
+            by_token = state.pending.setdefault(session_id, {})
+            mine = by_token.setdefault(token, {})
+            if max_priority is Priority.LATER:
+                limit = token if reclaim_own else token - 1
+                for older in sorted(t for t in by_token if t <= limit):
+                    left = by_token[older] if older == token else by_token.pop(older)
+                    rows.extend(left.values())
+                    mine.update(left)
+            mine.update((row.message_id, row) for row in rows)
+            _forget_empty_pending(state, session_id, token)
+        return _decode_rows(session_id, rows)
+
+    async def ack(self, session_id: str, token: int, message_ids: Sequence[str]) -> None:
+        """Drop answered entries from the pending set."""
+        with self._link.open() as state:
+            mine = state.pending.get(session_id, {}).get(token)
+            if mine is None:
+                return
+            for message_id in message_ids:
+                mine.pop(message_id, None)
+            _forget_empty_pending(state, session_id, token)
+
+    async def is_empty(self, session_id: str) -> bool:
+        """True when nothing is queued or pending for the session."""
+        with self._link.open() as state:
+            return session_id not in state.inbox and session_id not in state.pending
+
+    async def purge(self, session_id: str) -> CollectedBatch:
+        """Remove every tier and every pending entry, and return what was removed."""
+        with self._link.open() as state:
+            tiers = state.inbox.pop(session_id, {})
+            pending = state.pending.pop(session_id, {})
+        rows = [row for priority in sorted(tiers) for row in tiers[priority]]
+        rows += [row for token in sorted(pending) for row in pending[token].values()]
+        return _decode_rows(session_id, rows)
+
+    async def pending_sessions(self, older_than: float) -> list[str]:
+        """Sessions whose oldest queued entry arrived more than `older_than` seconds ago, or
+        whose pending entries were left by a holder whose lease is gone."""
+        with self._link.open() as state:
+            now = state.clock()
+            cutoff = now - older_than
+            queued = [
+                session_id
+                for session_id, tiers in state.inbox.items()
+                if min(queue[0].arrived_at for queue in tiers.values()) < cutoff
+            ]
+            left = [
+                session_id
+                for session_id in state.pending
+                if session_id not in state.inbox and live_lease(state, session_id, now) is None
+            ]
+            return queued + left
+
+
+def _forget_empty_pending(state: State, session_id: str, token: int) -> None:
+    """Drop a lease's empty pending entries, and the session's when no lease has any left."""
+    by_token = state.pending[session_id]
+    if not by_token[token]:
+        del by_token[token]
+    if not by_token:
+        del state.pending[session_id]
+
+
+def _append_locked(
+    state: State, session_id: str, priority: Priority, data: bytes, now: float
+) -> str:
+    """Queue encoded bytes at the tail of their tier under a fresh message id."""
+    state.message_seq += 1
+    message_id = f"m-{state.message_seq}"
+    tiers = state.inbox.setdefault(session_id, {})
+    tiers.setdefault(priority, deque()).append(InboxRow(message_id, now, data))
+    return message_id
