@@ -28,6 +28,7 @@ from ._events import (
     is_terminal,
 )
 from ._metrics import NOOP_METRICS, NoopMetrics, SessionMetrics
+from ._retry import RetryPolicy, TerminalError
 from ._session import LiveSession, LiveSessionOpener, SupportsInject, Transcript, TurnContext
 from ._types import (
     CommittedEntry,
@@ -87,6 +88,7 @@ __all__ = [
     "ReasoningDelta",
     "RedisBackends",
     "Rejected",
+    "RetryPolicy",
     "RouterClosedError",
     "RouterConfig",
     "SessionBusyError",
@@ -98,6 +100,7 @@ __all__ = [
     "SubmitKind",
     "SubmitRequest",
     "SupportsInject",
+    "TerminalError",
     "TextDelta",
     "TextPart",
     "ToolUseFinished",

@@ -32,6 +32,8 @@ class SessionMetrics(Protocol):
 
     def on_events_dropped(self, session_id: str, count: int) -> None: ...
 
+    def on_retried(self, session_id: str, turn_id: str, attempt: int) -> None: ...
+
 
 class NoopMetrics:
     """The default: every hook does nothing."""
@@ -64,6 +66,9 @@ class NoopMetrics:
         return None
 
     def on_events_dropped(self, session_id: str, count: int) -> None:
+        return None
+
+    def on_retried(self, session_id: str, turn_id: str, attempt: int) -> None:
         return None
 
 

@@ -6,7 +6,6 @@ from .base import (
     EventLog,
     FencedOut,
     HeldElsewhere,
-    HolderTakeover,
     IdempotencyStore,
     InboundMessage,
     Inbox,
@@ -20,6 +19,7 @@ from .base import (
     SignalBus,
     SignalHandler,
     Subscription,
+    Takeover,
     UnreadableEntry,
 )
 
@@ -29,7 +29,6 @@ __all__ = [
     "EventLog",
     "FencedOut",
     "HeldElsewhere",
-    "HolderTakeover",
     "IdempotencyStore",
     "InboundMessage",
     "Inbox",
@@ -43,5 +42,6 @@ __all__ = [
     "SignalBus",
     "SignalHandler",
     "Subscription",
+    "Takeover",
     "UnreadableEntry",
 ]

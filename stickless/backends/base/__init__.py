@@ -19,11 +19,13 @@ from ._events import (
     resume_cursor,
 )
 from ._idempotency import (
-    HolderTakeover,
+    REJECTED,
+    AttemptRecord,
     IdempotencyStore,
     Reservation,
     ReservationRef,
     ReservationState,
+    Takeover,
 )
 from ._inbox import (
     CollectedBatch,
@@ -51,6 +53,9 @@ from ._signals import (
 )
 
 __all__ = [
+    "REJECTED",
+    "AttemptRecord",
+    "Takeover",
     "Backends",
     "CollectedBatch",
     "DEFAULT_EVENT_LOG_MAX_LEN",
@@ -58,7 +63,6 @@ __all__ = [
     "EventLog",
     "FencedOut",
     "HeldElsewhere",
-    "HolderTakeover",
     "IdempotencyStore",
     "InboundMessage",
     "Inbox",

@@ -17,11 +17,11 @@ from ..base import (
     SignalBus,
 )
 from ._eventlog import MemoryEventLog
+from ._idempotency import MemoryIdempotencyStore
 from ._inbox import MemoryInbox
 from ._shared import Link, State
 from ._signals import MemorySignalBus
 from ._stores import (
-    MemoryIdempotencyStore,
     MemoryLeaseStore,
     MemoryRecordStore,
 )

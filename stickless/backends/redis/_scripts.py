@@ -49,6 +49,8 @@ class Scripts:
         self.idem_touch = load("idem_touch")
         self.idem_acquire = load("idem_acquire")
         self.idem_release = load("idem_release")
+        self.idem_requeue = load("idem_requeue")
+        self.idem_park = load("idem_park")
         self.idem_mark_done = load("idem_mark_done")
         self.idem_reset = load("idem_reset")
         self.idem_discard = load("idem_discard")
