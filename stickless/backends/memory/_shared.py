@@ -48,11 +48,13 @@ class RecordRow:
 
 @dataclass(frozen=True, slots=True)
 class InboxRow:
-    """A stored inbox entry: its id, arrival time (store clock) and encoded envelope."""
+    """A stored inbox entry: its id, arrival time (store clock), encoded envelope, and when a
+    collect last moved it under a lease (0 while queued)."""
 
     message_id: str
     arrived_at: float
     data: bytes
+    taken_at: float = 0.0
 
 
 @dataclass(slots=True)

@@ -41,6 +41,7 @@ class Scripts:
         self.inbox_take = load("inbox_take")
         self.inbox_ack = load("inbox_ack")
         self.inbox_oldest = load("inbox_oldest")
+        self.inbox_stats = load("inbox_stats")
         self.index_due = load("index_due")
         self.index_rescore = load("index_rescore")
         self.index_drop = load("index_drop")
