@@ -115,6 +115,11 @@ class ActorHost(Protocol):
 
     def events_dropped(self, session_id: str, count: int) -> None: ...
 
+    def entries_reclaimed(self, session_id: str, redelivered: int, reclaimed: int) -> None:
+        """A collect brought back pending entries: `redelivered` from older leases, `reclaimed`
+        from this actor's own (see `CollectedBatch`)."""
+        ...
+
     def actor_state_changed(self, session_id: str, token: int) -> None:
         """The actor of `session_id` under lease `token` started or ended a turn or a drain."""
         ...

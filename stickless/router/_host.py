@@ -93,6 +93,12 @@ class NodeActorHost(RouterPart):
     def events_dropped(self, session_id: str, count: int) -> None:
         self._metrics.emit("on_events_dropped", session_id, count)
 
+    def entries_reclaimed(self, session_id: str, redelivered: int, reclaimed: int) -> None:
+        if redelivered:
+            self._metrics.emit("on_redelivered", session_id, redelivered)
+        if reclaimed:
+            self._metrics.emit("on_reclaimed", session_id, reclaimed)
+
     def actor_state_changed(self, session_id: str, token: int) -> None:
         actor = self._sessions.get(session_id)
         if actor is not None and actor.token == token:
