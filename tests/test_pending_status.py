@@ -5,9 +5,13 @@ gauge, and leaves all three once answered."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 
+import pytest
+
 from stickless import SessionRouter, SessionState, SubmitKind
+from stickless._metrics import SafeMetrics
 from stickless.testing import CountingMetrics
 from stickless.wire import StatusPayload, pack, unpack
 
@@ -111,3 +115,26 @@ def test_status_signals_of_nodes_before_and_after_the_backlog_fields_read_each_o
     assert StatusPayload.model_validate(old).oldest_pending_idle is None
     assert StatusPayload.model_validate(unpack(pack(new))).pending == 2
     assert (new["pending"], new["oldest_pending_idle"]) == (2, 4.5)
+
+
+def test_metrics_written_before_a_hook_existed_skip_it_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Older:
+        """Metrics that know only one hook (say, from before the gauge existed)."""
+
+        def __init__(self) -> None:
+            self.dropped: list[tuple[str, int]] = []
+
+        def on_events_dropped(self, session_id: str, count: int) -> None:
+            self.dropped.append((session_id, count))
+
+    older = Older()
+    safe = SafeMetrics(older)  # type: ignore[arg-type]
+    # When a hook it lacks is emitted, then one it has
+    with caplog.at_level(logging.WARNING, logger="stickless.metrics"):
+        safe.emit("on_pending_gauge", "n1", 0, 0, None)
+        safe.emit("on_events_dropped", "s1", 3)
+    # Then the missing one is skipped without an error logged, and the known one still runs
+    assert older.dropped == [("s1", 3)]
+    assert caplog.records == []
