@@ -258,6 +258,8 @@ class SessionActor:
             self._collect_in_doubt = True
             return []
         self._collect_in_doubt = self._collect_in_doubt and max_priority is not Priority.LATER
+        if batch.redelivered or batch.reclaimed:
+            self._host.entries_reclaimed(self.session_id, batch.redelivered, batch.reclaimed)
         for entry in batch.unreadable:
             await self._host.answer_unreadable(self.session_id, entry, token)
         # Reservations are taken over when a turn starts, not here: a message that never

@@ -82,7 +82,7 @@ def _keep_pending(
     message_id = row.pending or f"held:{turn_id}"
     for rows in by_token.values():
         rows.pop(message_id, None)
-    by_token.setdefault(token, {})[message_id] = InboxRow(message_id, now, envelope)
+    by_token.setdefault(token, {})[message_id] = InboxRow(message_id, now, envelope, now)
     for older in [t for t, rows in by_token.items() if not rows]:
         del by_token[older]
     return message_id
