@@ -216,3 +216,31 @@ async def test_under_fail_a_lost_turn_is_not_run_again(
         await cluster.kill(holder)
         assert await failure_code(follower.result) is FailureCode.HOLDER_LOST
         assert _runs(journal, "long") == [1]
+
+
+async def test_an_attempt_given_up_while_its_holder_kept_the_lease_runs_again(
+    journal: Journal, cluster_over: ClusterFactory
+) -> None:
+    # A lease that outlasts the test: the node takes its own lease back after giving the
+    # session up, and must find the copy pending under it.
+    async with cluster_over(nodes=1, on_holder_lost="retry", lease_ttl=60.0) as cluster:
+        node = cluster.nodes[0]
+        gate = journal.gate("long")
+        disp = await node.submit(req("s1", "long", idempotency_key="k"))
+        await journal.entered["long"].wait()
+        # Given a sweep gave the running attempt up (its touches had stopped reaching the
+        # store), while the node still holds the session's lease
+        idem = cluster.backends.idempotency
+        assert await idem.requeue_lost("s1", "c:k", disp.turn_id, node.node_id, "test", 3, 20.0)
+        # When the attempt ends and its answer is refused
+        gate.set()
+        # Then the node runs the turn again from its pending copy, and the caller gets the
+        # second attempt's result
+        result = await disp.result
+        assert result.text == "echo:long"
+        assert _runs(journal, "long") == [1, 2]
+        tokens = [token for _, _, t, _, token in journal.attempts if t == "long"]
+        assert tokens[0] == tokens[1]  # under the same lease
+        record = await cluster.backends.records.load("s1")
+        assert record is not None
+        assert [e.content for e in record.entries] == ["long", "echo:long"]

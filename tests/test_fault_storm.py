@@ -94,15 +94,24 @@ SOAK = os.environ.get("STICKLESS_SOAK") == "1"
 
 
 async def fault_storm(
-    seed: int, plan: WavePlan, faults: FaultPlan, server: RedisServer, logs: Path
+    seed: int,
+    plan: WavePlan,
+    faults: FaultPlan,
+    server: RedisServer,
+    logs: Path,
+    on_holder_lost: str = "fail",
 ) -> None:
     """Run the storm, check the history, print its counts; fail on any violation."""
-    print(f"\nfault storm seed={seed}")
+    print(f"\nfault storm seed={seed} on_holder_lost={on_holder_lost}")
     started = time.monotonic()
     pool = ProxyPool(server)
     try:
         async with MpCluster(
-            server.url, logs, forward_ttl=FORWARD_TTL, node_url=pool.open
+            server.url,
+            logs,
+            forward_ttl=FORWARD_TTL,
+            node_url=pool.open,
+            on_holder_lost=on_holder_lost,
         ) as cluster:
             nodes = FaultNodes(cluster, server, plan.session_ids(), pool)
             storm = WaveStorm(seed, plan, nodes)
@@ -115,7 +124,12 @@ async def fault_storm(
             await nodes.record(history)
             driver.record(history)
             # (a node whose own path to Redis failed may refuse a call: BackendUnavailableError)
-            rules = dataclasses.replace(RULES, excused=driver.excused, lease_ttl=LEASE_TTL)
+            rules = dataclasses.replace(
+                RULES,
+                excused=driver.excused,
+                lease_ttl=LEASE_TTL,
+                attempts_rerun=on_holder_lost == "retry",
+            )
             checker = Checker(history, rules)
             await checker.check(cluster.backends)
             nodes_started = len(cluster.nodes)
@@ -157,11 +171,12 @@ async def fault_storm(
 
 
 @pytest.mark.timeout(170)
+@pytest.mark.parametrize("on_holder_lost", ["fail", "retry"])
 @pytest.mark.parametrize("seed", SEEDS)
 async def test_fault_storm_keeps_the_invariants(
-    seed: int, aof_server: RedisServer, node_logs: Path
+    seed: int, on_holder_lost: str, aof_server: RedisServer, node_logs: Path
 ) -> None:
-    await fault_storm(seed, PLAN, FAULTS, aof_server, node_logs)
+    await fault_storm(seed, PLAN, FAULTS, aof_server, node_logs, on_holder_lost)
 
 
 @pytest.mark.skipif(

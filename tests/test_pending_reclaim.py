@@ -8,7 +8,9 @@ import asyncio
 
 import pytest
 
-from .agents import Journal, req
+from stickless import BackendUnavailableError
+
+from .agents import Journal, req, wait_until
 from .conftest import ClusterFactory
 
 QUICK = dict(
@@ -47,3 +49,34 @@ async def test_messages_collected_by_a_holder_that_died_before_taking_them_run_o
         assert [r.text for r in results] == ["echo:from b", "echo:from c"]
         assert {r.executed_by for r in results} <= {b.node_id, c.node_id}
         assert journal.texts("s1") == ["first", "from b", "from c"]
+
+
+async def test_a_turn_recorded_but_never_acknowledged_by_a_dead_holder_never_runs_again(
+    cluster_over: ClusterFactory, journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with cluster_over(**QUICK) as cluster:
+        holder, b, _ = cluster.nodes
+        await (await holder.submit(req("s1", "first"))).result
+        # Given a holder whose acknowledgements never reach the store
+        acks: list[object] = []
+
+        async def lost_ack(*args: object, **kwargs: object) -> None:
+            acks.append(args)
+            raise BackendUnavailableError("connection reset")
+
+        monkeypatch.setattr(holder.backends.inbox, "ack", lost_ack)
+        # When it runs a forwarded message, records its answer, and dies before acknowledging
+        done = await b.submit(req("s1", "once", idempotency_key="k"))
+        assert (await done.result).text == "echo:once"
+        assert acks
+        await cluster.kill(holder)
+        # Then the next holder, finding the message still pending, answers it from the store
+        # and acknowledges it without running it again
+        after = await asyncio.wait_for((await b.submit(req("s1", "after"))).result, 10)
+        assert after.text == "echo:after"
+
+        async def acknowledged() -> bool:
+            return await cluster.backends.inbox.is_empty("s1")
+
+        await wait_until(acknowledged)
+        assert journal.texts("s1") == ["first", "once", "after"]

@@ -61,8 +61,10 @@ class SessionActor:
         #: True while the loop collects the inbox before a turn.
         self._collecting = False
         #: A collect failed: its batch may sit pending under this lease, unseen (the next full
-        #: collect takes this lease's pending entries back too).
-        self._collect_in_doubt = False
+        #: collect takes this lease's pending entries back too). True at first: an earlier
+        #: actor of this very lease (the node got its own lease back after giving the session
+        #: up) may have left entries pending under it that no actor has in its mailbox.
+        self._collect_in_doubt = True
         self._task: asyncio.Task[None] | None = None
         self._handle: LiveSession | None = None
         self.running: RunningTurn | None = None
@@ -393,6 +395,11 @@ class SessionActor:
             self._starting, self._cancel_starting = None, None
         if reason is not None and (handle is not None or self._mailbox.take(work.turn_id)):
             await answer_cancelled(self._host, work, reason)  # prepared, or put back for later
+        elif handle is not None and not self._host.holds_lease(self.session_id, self.token):
+            # Paused or cut off past the lease while preparing: another node may run the
+            # session by now, so the turn is handed on, not started here.
+            self._put_back(work)
+            self.lose_lease()
         elif handle is not None:
             await self._run(work, handle)
 

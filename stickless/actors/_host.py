@@ -107,7 +107,10 @@ class ActorHost(Protocol):
         self, session_id: str, entry: UnreadableEntry, token: int
     ) -> None: ...
 
-    def holds_lease(self, session_id: str, token: int) -> bool: ...
+    def holds_lease(self, session_id: str, token: int) -> bool:
+        """Whether the session is held under `token` and that lease cannot have run out yet
+        (checked before a turn starts and before it commits)."""
+        ...
 
     def lease_lost(self, session_id: str, token: int) -> None:
         """The actor of `session_id` under lease `token` lost that lease (told once)."""

@@ -83,7 +83,7 @@ class NodeActorHost(RouterPart):
         await self._outcomes.answer_unreadable(session_id, entry, token)
 
     def holds_lease(self, session_id: str, token: int) -> bool:
-        return self._renewer.holds(session_id, token)
+        return self._renewer.surely_holds(session_id, token)
 
     def lease_lost(self, session_id: str, token: int) -> None:
         actor = self._sessions.get(session_id)

@@ -99,7 +99,8 @@ class TurnOutcomes(RouterPart):
                 return None
         else:
             self._renewer.disown(work.session_id, work.key)
-            await self.ack(work.session_id, work.pending)
+            if recorded:
+                await self.ack(work.session_id, work.pending)
         if recorded is not False:
             if before_announce is not None:
                 before_announce(outcome)
@@ -113,6 +114,12 @@ class TurnOutcomes(RouterPart):
             lambda: self._backends.idempotency.find(work.session_id, work.key)
         )
         found = None if looked_up is None else looked_up[0]
+        # The message leaves the pending set unless its turn goes on: run by another attempt,
+        # or given back to run again from this very copy.
+        if looked_up is not None and not (
+            found is not None and found.turn_id == work.turn_id and found.outcome is None
+        ):
+            await self.ack(work.session_id, work.pending)
         if found is not None and found.turn_id == work.turn_id:
             if found.outcome is not None:
                 await self.announce(work.session_id, work.key, found.outcome)

@@ -58,11 +58,12 @@ class LeaseRenewer:
 
     # ------------------------------------------------------------ registry (any thread)
 
-    def track(self, lease: Lease) -> None:
-        """Start renewing a lease this node just won."""
+    def track(self, lease: Lease, asked_at: float) -> None:
+        """Start renewing a lease this node just won by an acquire sent at `asked_at`
+        (`time.monotonic()`)."""
         with self._lock:
             self._leases[lease.session_id] = lease
-            self._renewed_at[lease.session_id] = time.monotonic()
+            self._renewed_at[lease.session_id] = asked_at
 
     def untrack(self, session_id: str) -> None:
         """Stop renewing (the node gave the session up)."""
@@ -75,6 +76,18 @@ class LeaseRenewer:
         with self._lock:
             lease = self._leases.get(session_id)
             return lease is not None and lease.token == token
+
+    def surely_holds(self, session_id: str, token: int) -> bool:
+        """Whether the node holds the session under `token` and that lease cannot have run out:
+        less than a lease TTL has passed since the acquire or renewal that last extended it was
+        sent. A node paused or cut off past its lease learns here, before its next renewal
+        fails, that another node may hold the session by now."""
+        with self._lock:
+            lease = self._leases.get(session_id)
+            if lease is None or lease.token != token:
+                return False
+            since = time.monotonic() - self._renewed_at.get(session_id, -float("inf"))
+            return since < self._lease_ttl
 
     def own(self, session_id: str, key: str) -> None:
         """Touch this reservation on every tick from now on."""

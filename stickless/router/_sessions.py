@@ -72,11 +72,11 @@ class LocalSessions(RouterPart):
                 so another node may hold the session by now; it is given back, unused. Or a
                 newer lease provisioned the record meanwhile.
         """
-        started = time.perf_counter()
+        started = time.monotonic()
         won = await io(
             self._backends.leases.acquire(session_id, self._node_id, self._config.lease_ttl)
         )
-        took = time.perf_counter() - started
+        took = time.monotonic() - started
         self._metrics.emit("on_lock_acquire", session_id, isinstance(won, Lease), took)
         if isinstance(won, HeldElsewhere):
             return won
@@ -85,7 +85,7 @@ class LocalSessions(RouterPart):
             raise FencedOut(f"lease of {session_id} won {took:.1f}s after it was asked for")
         # Renewed from the moment it is won: however long provisioning waits (a busy pool), the
         # lease does not run out under a claim that is still going on.
-        self._renewer.track(won)
+        self._renewer.track(won, started)
         bound: str | None = None
         if agent_ref is not None:
             try:

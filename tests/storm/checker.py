@@ -62,8 +62,11 @@ class Checker:
         self.commits: dict[tuple[str, str], list[str]] = defaultdict(list)
         self.killed = {kill.node for kill in history.kills}
         self.executed: dict[str, Execution] = {}
+        #: The nodes each turn ran on (one per attempt where attempts run again).
+        self.attempt_nodes: dict[str, set[str | None]] = defaultdict(set)
         for execution in history.executions:
             self.executed.setdefault(execution.turn_id, execution)
+            self.attempt_nodes[execution.turn_id].add(execution.node)
         self.returned = {e.turn_id for e in history.executions if e.how == "ok"}
         self.injected = {(i.session_id, i.tag) for i in history.injections}
         first_caller: dict[str, int] = {}
@@ -160,7 +163,9 @@ class Checker:
         """A session's turns never run at the same time but for the window the README allows
         (tests/storm/overlaps.py); a turn runs at most once. Needs `fenced_transcripts` first
         (an overlap is allowed only for an earlier turn that committed nothing)."""
-        verdict = overlaps.serialization(self.history, self.committed, self.rules.lease_ttl)
+        verdict = overlaps.serialization(
+            self.history, self.committed, self.rules.lease_ttl, self.rules.attempts_rerun
+        )
         for invariant, message in verdict.violations:
             self.fail(invariant, message)
         self.allowed_overlaps = verdict.allowed
@@ -297,6 +302,8 @@ class Checker:
         execution = self.executed.get(result.turn_id)
         executor = self.rules.executor(result)
         ran_on = execution.node if execution is not None else None
+        if self.rules.attempts_rerun:  # the answer names the node of one of the attempts
+            ran_on = executor if executor in self.attempt_nodes[result.turn_id] else ran_on
         if None not in (ran_on, executor) and executor != ran_on:
             self.fail("2 answer", f"{who}: executed_by {executor}, ran on {ran_on}")
 
@@ -383,7 +390,9 @@ class Checker:
             if late:
                 message = f"{where} ran again after a caller saw it succeed: {late}"
                 self.fail("3 idempotency", f"{message}; {self.story(group[0])}")
-            good = sum(1 for e in runs[ref] if e.how == "ok" and e.turn_id in ok_turns)
+            ok_runs = [e.turn_id for e in runs[ref] if e.how == "ok" and e.turn_id in ok_turns]
+            # Attempts of one turn answer as one: the store takes only one attempt's answer.
+            good = len(set(ok_runs)) if self.rules.attempts_rerun else len(ok_runs)
             good += sum(1 for i in joins[ref] if i.host_turn_id in ok_turns)
             if good > 1:
                 self.fail("3 idempotency", f"{where} completed successfully {good} times")

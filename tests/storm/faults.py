@@ -58,6 +58,8 @@ CUT_SCRIPTS = (
     "lease_renew",
     "inbox_take",
     "inbox_ack",
+    "idem_park",
+    "idem_requeue",
 )
 #: The scripts of a node's lease renewals (`LeaseRenewer.tick`): holding their reply keeps the
 #: node's leases from being renewed.

@@ -104,16 +104,18 @@ class NodeWaves:
     # ------------------------------------------------------------ the journal
 
     async def executions(self, sessions: list[str]) -> list[Execution]:
-        """The agent's log of `sessions` as executions (a turn's n-th start with its n-th end)."""
+        """The agent's log of `sessions` as executions (a turn's n-th start on a node with its
+        n-th end there: attempts of one turn may run on several nodes, one cut short)."""
         found: list[Execution] = []
         for session_id in sessions:
             log = await self.cluster.log_entries(session_id)
-            ends: dict[str, list[LogEntry]] = defaultdict(list)
+            ends: dict[tuple[str, str], list[LogEntry]] = defaultdict(list)
             for entry in log:
                 if entry.ev == "end":
-                    ends[entry.turn_id].append(entry)
+                    ends[(entry.turn_id, entry.node)].append(entry)
             for start in (e for e in log if e.ev == "start"):
-                end = ends[start.turn_id].pop(0) if ends[start.turn_id] else None
+                mine = ends[(start.turn_id, start.node)]
+                end = mine.pop(0) if mine else None
                 found.append(
                     Execution(
                         session_id,

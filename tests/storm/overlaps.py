@@ -89,9 +89,15 @@ def busy_release_explained(
     return found[0] if found else None
 
 
-def serialization(history: History, committed: Collection[str], lease_ttl: float | None) -> Verdict:
+def serialization(
+    history: History,
+    committed: Collection[str],
+    lease_ttl: float | None,
+    attempts_rerun: bool = False,
+) -> Verdict:
     """Check that a session's turns never overlap but for the allowed window (`lease_ttl`:
-    the nodes' lease TTL; None allows no overlap at all) and that a turn runs at most once.
+    the nodes' lease TTL; None allows no overlap at all) and that a turn runs at most once
+    (`attempts_rerun`: once per attempt, the attempts in sequence like turns).
     `committed`: the turn ids with entries in the committed record. A turn a crash cut short
     counts as running until the crash (its kill's stamp)."""
     verdict = Verdict()
@@ -101,7 +107,7 @@ def serialization(history: History, committed: Collection[str], lease_ttl: float
 
     stamps = {kill.node: kill.stamp for kill in history.kills}
     for turn_id, times in Counter(e.turn_id for e in history.executions).items():
-        if times > 1:
+        if times > 1 and not attempts_rerun:
             fail("3 idempotency", f"turn {turn_id} executed {times} times")
     runs: dict[str, list[tuple[float, float, Execution]]] = defaultdict(list)
     for run in history.executions:
@@ -122,7 +128,10 @@ def serialization(history: History, committed: Collection[str], lease_ttl: float
             refused = []
             for end, earlier in running:
                 outage = None
-                if lease_ttl is not None and earlier.turn_id not in committed:
+                # An earlier attempt of the same turn committed nothing: the next one began
+                # only after it was given up, and a given-up attempt's commit is refused.
+                same_turn = attempts_rerun and earlier.turn_id == later.turn_id
+                if lease_ttl is not None and (earlier.turn_id not in committed or same_turn):
                     outage = kept_past_lease(earlier, end, later, history.outages, lease_ttl)
                 if outage is None:
                     refused.append(earlier.turn_id)

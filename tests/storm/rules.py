@@ -70,6 +70,10 @@ class Rules:
     #: SessionBusyError when its node or the session's holder was (tests/storm/overlaps.py).
     #: None: neither is allowed.
     lease_ttl: float | None = None
+    #: A turn whose holder was lost runs again (`on_holder_lost="retry"`): one turn may return
+    #: normally once per attempt (an attempt kept from the store past its lease finishes after
+    #: the next attempt began); `commits_per_key` still allows it one commit.
+    attempts_rerun: bool = False
     #: An answer that took this long counts as slow (a diagnostic count, not a bound).
     slow_after: float = float("inf")
     #: How long inboxes may take to drain, and reservations to settle, after the run.
