@@ -20,6 +20,11 @@ from ._work import TurnWork
 log = logging.getLogger("stickless.actor")
 
 
+class NotStarted(Exception):
+    """The turn task found, in its first step, that its lease may have run out: the agent was
+    never called."""
+
+
 @dataclass
 class RunningTurn:
     """The turn in progress: its work, context, relay and agent task."""
@@ -45,7 +50,7 @@ def retryable(
     if policy is None or joined or task.cancelled():
         return None
     error = task.exception()
-    if error is None or not policy.retries(error):
+    if error is None or isinstance(error, NotStarted) or not policy.retries(error):
         return None
     return error if max(work.attempt, 1) < policy.max_attempts else None
 
@@ -79,6 +84,10 @@ def conclude(
     if task.cancelled():
         return (*failed(work, FailureCode.FAILED, "turn task cancelled", node), None, False)
     error = task.exception()
+    if isinstance(error, NotStarted):
+        reason = str(error)
+        frame = Interrupted(reason=FailureCode.LEASE_LOST.value, executed_by=node)
+        return failure(work, FailureCode.LEASE_LOST, reason, node), frame, None, True
     if error is not None:
         log.warning("turn %s of %s failed: %r", work.turn_id, work.session_id, error)
         message = f"{type(error).__name__}: {error}"
