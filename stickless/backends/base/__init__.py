@@ -8,6 +8,21 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from ._dead_letters import (
+    MAX_RAW_BYTES,
+    AttemptRecord,
+    DeadLetter,
+    DeadLetterStore,
+    check_letter,
+    letter_for_envelope,
+    letter_for_unreadable,
+    letter_id_for,
+    letter_session,
+    pack_letter,
+    stamp_of,
+    unpack_letter,
+    unreadable_letter,
+)
 from ._events import (
     DEFAULT_EVENT_LOG_MAX_LEN,
     DEFAULT_EVENT_LOG_TTL,
@@ -51,10 +66,14 @@ from ._signals import (
 )
 
 __all__ = [
+    "MAX_RAW_BYTES",
+    "AttemptRecord",
     "Backends",
     "CollectedBatch",
     "DEFAULT_EVENT_LOG_MAX_LEN",
     "DEFAULT_EVENT_LOG_TTL",
+    "DeadLetter",
+    "DeadLetterStore",
     "EventLog",
     "FencedOut",
     "HeldElsewhere",
@@ -74,13 +93,22 @@ __all__ = [
     "StagedCommit",
     "Subscription",
     "UnreadableEntry",
+    "check_letter",
     "cursor_ahead",
     "cursor_trimmed",
     "decode_entries",
     "event_id_key",
+    "letter_for_envelope",
+    "letter_for_unreadable",
+    "letter_id_for",
+    "letter_session",
+    "pack_letter",
     "parse_event_cursor",
     "resume_cursor",
     "sort_messages",
+    "stamp_of",
+    "unpack_letter",
+    "unreadable_letter",
 ]
 
 
@@ -94,6 +122,7 @@ class Backends(Protocol):
     signals: SignalBus
     idempotency: IdempotencyStore
     events: EventLog
+    dead_letters: DeadLetterStore
 
     def clone(self) -> Backends:
         """A bundle over the same data with its own connections (for another thread's loop)."""
