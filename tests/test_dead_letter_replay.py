@@ -7,51 +7,15 @@ import pytest
 
 from stickless import (
     DeadLetterNotFoundError,
-    FailureCode,
     InvalidRequestError,
     ReplayRefusedError,
     SubmitKind,
-    SubmitRequest,
 )
-from stickless.backends.base import (
-    AttemptRecord,
-    Backends,
-    DeadLetter,
-    ReservationState,
-    letter_for_envelope,
-    letter_for_unreadable,
-)
+from stickless.backends.base import ReservationState, letter_for_unreadable
 from stickless.testing import LocalCluster
-from stickless.wire import Envelope, Outcome
 
 from .agents import Journal, req
-
-_GONE = "gone-node/0"
-
-
-async def _dead_turn(backends: Backends, request: SubmitRequest, key: str) -> DeadLetter:
-    """The state a turn leaves when its last attempt failed: its key's reservation FAILED (by a
-    node now gone) and its letter (the other engineer's retry path writes both)."""
-    old_turn = "old-turn"
-    idem = backends.idempotency
-    assert (
-        await idem.put_if_absent(
-            request.session_id, key, old_turn, request.input_hash(), _GONE, 30.0, 3600.0
-        )
-        is None
-    )
-    failed = Outcome.failure(old_turn, FailureCode.FAILED, "agent raised ValueError", _GONE)
-    assert await idem.compare_and_reset(request.session_id, key, _GONE, failed)
-    envelope = Envelope(
-        session_id=request.session_id,
-        turn_id=old_turn,
-        agent_ref=request.agent_ref,
-        input=request.input,
-        key=key,
-        origin=_GONE,
-    )
-    attempts = [AttemptRecord(attempt=1, node=_GONE, error="ValueError", at=1.0)]
-    return letter_for_envelope(envelope, "m-1", "last attempt failed", attempts)
+from .dead_letters import dead_turn
 
 
 async def test_replay_runs_the_message_under_its_original_key(
@@ -60,7 +24,7 @@ async def test_replay_runs_the_message_under_its_original_key(
     # Given a dead letter of a turn whose key k1 is FAILED
     a, b, _ = backend_cluster.nodes
     request = req("s1", "hello again", idempotency_key="k1")
-    letter = await _dead_turn(a.backends, request, "c:k1")
+    letter = await dead_turn(a.backends, request, "c:k1")
     assert await a.dead_letters.bury(letter) is True
     assert await a.dead_letters.bury(letter) is False
     assert [x.letter_id for x in await b.dead_letters.list()] == [letter.letter_id]
@@ -99,7 +63,7 @@ async def test_a_key_answered_or_in_flight_under_another_turn_refuses_the_replay
     node = cluster.nodes[0]
     # Given a letter whose key k2 has since been answered by another turn
     request = req("s1", "answered", idempotency_key="k2")
-    letter = await _dead_turn(node.backends, request, "c:k2")
+    letter = await dead_turn(node.backends, request, "c:k2")
     await node.dead_letters.bury(letter)
     done = await node.submit(request)
     await done.result
@@ -110,7 +74,7 @@ async def test_a_key_answered_or_in_flight_under_another_turn_refuses_the_replay
     # Given a letter whose key k3 is in flight under a running turn
     gate = journal.gate("running")
     request = req("s2", "running", idempotency_key="k3")
-    letter = await _dead_turn(node.backends, request, "c:k3")
+    letter = await dead_turn(node.backends, request, "c:k3")
     await node.dead_letters.bury(letter)
     running = await node.submit(request)
     await journal.entered["running"].wait()
@@ -128,7 +92,7 @@ async def test_a_letter_of_a_turn_without_a_client_key_replays_without_one(
 ) -> None:
     node = cluster.nodes[0]
     request = req("s1", "no key")
-    letter = await _dead_turn(node.backends, request, "t:old-turn")
+    letter = await dead_turn(node.backends, request, "t:old-turn")
     await node.dead_letters.bury(letter)
     replayed = await node.dead_letters.replay(letter.letter_id)
     assert replayed.idempotency_key is None
