@@ -8,6 +8,7 @@ message the way a non-holder forwards it.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -22,7 +23,7 @@ from .._errors import (
     InvalidRequestError,
     ReplayRefusedError,
 )
-from .._types import SubmitRequest, is_session_id
+from .._types import SubmitRequest, TurnResult, is_session_id
 from ..actors import TurnWork
 from ..backends.base import Backends, DeadLetter, DeadLetterStore, letter_session
 from ..wire import Signal, SignalKind
@@ -104,6 +105,12 @@ def replay_request(letter: DeadLetter) -> SubmitRequest:
     )
 
 
+def _consume(future: asyncio.Future[TurnResult]) -> None:
+    """Mark a settled future's exception as seen (no 'never retrieved' warning)."""
+    if not future.cancelled():
+        future.exception()
+
+
 def _refuse(letter: DeadLetter, key: str | None, why: str) -> ReplayRefusedError:
     return ReplayRefusedError(
         f"dead letter {letter.letter_id} was not replayed: its idempotency key {key!r} {why}; "
@@ -164,10 +171,13 @@ class DeadLetters:
         request = replay_request(letter)
         disposition = await self._submit(request)
         key = request.idempotency_key
-        if disposition.kind is SubmitKind.CACHED:
-            raise _refuse(letter, key, f"is answered by turn {disposition.turn_id}")
-        if disposition.attached:
-            raise _refuse(letter, key, f"is in flight under turn {disposition.turn_id}")
+        if disposition.kind is SubmitKind.CACHED or disposition.attached:
+            # Nobody will await this caller's future: its answer is not the replay's.
+            disposition.result.add_done_callback(_consume)
+            how = (
+                "is answered by" if disposition.kind is SubmitKind.CACHED else "is in flight under"
+            )
+            raise _refuse(letter, key, f"{how} turn {disposition.turn_id}")
         removed = await quiet(self._store.remove([letter.letter_id]))
         return ReplayResult(
             letter.letter_id,
@@ -251,8 +261,8 @@ async def deliver_replay(
             f"idempotency_key {key_name!r} was used with a different input"
         )
     if existing is not None:
-        why = "is answered" if verdict is Verdict.CACHED else "is in flight"
-        raise _refuse(letter, key_name, f"{why} by turn {existing.turn_id}")
+        how = "is answered by" if verdict is Verdict.CACHED else "is in flight under"
+        raise _refuse(letter, key_name, f"{how} turn {existing.turn_id}")
     try:
         await io(idem.release_holder(session_id, key, origin, queued_staleness(config)))
         work = TurnWork.from_request(req, turn_id, key, origin)

@@ -80,11 +80,12 @@ class MemoryDeadLetterStore:
         with self._link.open() as state:
             for letter_id in dict.fromkeys(letter_ids):
                 session_id = letter_session(letter_id)
-                letters = state.dead_letters.get(session_id or "")
-                if letters is not None and letters.pop(letter_id, None) is not None:
-                    removed += 1
-                    if not letters:
-                        del state.dead_letters[session_id or ""]
+                letters = None if session_id is None else state.dead_letters.get(session_id)
+                if session_id is None or letters is None or letters.pop(letter_id, None) is None:
+                    continue
+                removed += 1
+                if not letters:
+                    del state.dead_letters[session_id]
         return removed
 
     async def purge(self, session_id: str | None = None) -> int:
