@@ -31,7 +31,7 @@ from ...wire import Envelope, WireError, pack, unpack
 MAX_RAW_BYTES = 64 * 1024
 #: Attempt records one letter holds at most (the newest are kept).
 MAX_ATTEMPTS = 100
-#: Separates a letter id's session from its digest; never in a session id (see `_SESSION_ID`).
+#: Separates a letter id's session from its digest; never in a session id (`is_session_id`).
 _LETTER_SEPARATOR = "~"
 #: Hex digits of a letter id's digest.
 _DIGEST_CHARS = 32
@@ -200,7 +200,9 @@ def unreadable_letter(letter_id: str, session_id: str, data: bytes, why: str) ->
 
 
 class _Attempt(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    """The packed fields of one attempt record."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
     n: StrictInt
     node: StrictStr = Field(max_length=MAX_ID_LENGTH * 2)
     error: StrictStr = Field(max_length=MAX_MESSAGE_CHARS)
@@ -225,7 +227,7 @@ class _Body(BaseModel):
 def pack_letter(letter: DeadLetter) -> bytes:
     """A letter as msgpack primitives: the array `[1, dead_at, body map]`.
 
-    `dead_at` is always a float64 right after the two header bytes (0x93 0x01 0xcb), so a Redis
+    `dead_at` is always a float64 right after the header bytes 0x93 0x01 0xcb, so a Redis
     script can stamp a letter packed with `dead_at` 0 in place (bytes 4-11; `letter_stamp` in
     the Lua prelude) without decoding it. The envelope rides as its own encoded bytes.
     """
