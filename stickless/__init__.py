@@ -30,6 +30,7 @@ from ._events import (
     is_terminal,
 )
 from ._metrics import NOOP_METRICS, NoopMetrics, SessionMetrics
+from ._retry import RetryPolicy, TerminalError
 from ._session import LiveSession, LiveSessionOpener, SupportsInject, Transcript, TurnContext
 from ._types import (
     CommittedEntry,
@@ -91,6 +92,7 @@ __all__ = [
     "RedisBackends",
     "Rejected",
     "ReplayRefusedError",
+    "RetryPolicy",
     "RouterClosedError",
     "RouterConfig",
     "SessionBusyError",
@@ -102,6 +104,7 @@ __all__ = [
     "SubmitKind",
     "SubmitRequest",
     "SupportsInject",
+    "TerminalError",
     "TextDelta",
     "TextPart",
     "ToolUseFinished",

@@ -5,9 +5,11 @@ from __future__ import annotations
 import enum
 import re
 import uuid
-from typing import Self
+from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ._retry import RetryPolicy
 
 #: A configured node id; 9 characters stay free for the incarnation suffix.
 _NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,190}")
@@ -68,6 +70,14 @@ class RouterConfig(BaseModel):
     subscriber_queue_size: int = Field(default=1024, ge=1)
     #: Bound of a turn's remote fan-out queue (rank-based overflow past it).
     relay_queue_size: int = Field(default=4096, ge=1)
+    #: What happens to the turn that was running when its holder was lost: "fail" answers
+    #: HOLDER_LOST; "retry" runs it again on the session's next holder, as the next attempt,
+    #: up to `holder_lost_max_attempts` runs in all (every turn then keeps a durable copy of its
+    #: message while it runs, one more store write per turn submitted on its holder).
+    on_holder_lost: Literal["fail", "retry"] = "fail"
+    holder_lost_max_attempts: int = Field(default=3, ge=1, le=100)
+    #: Run a turn whose agent raised again, durably scheduled (None: never).
+    retry: RetryPolicy | None = None
 
     @field_validator("node_id")
     @classmethod

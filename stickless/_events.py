@@ -25,6 +25,8 @@ class _Frame(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     session_id: StrictStr = ""
     turn_id: StrictStr = ""
+    #: The run of the turn the frame belongs to (1-based; seq counts within one attempt).
+    attempt: StrictInt = 1
     seq: int = 0
     event_id: StrictStr | None = None
 
@@ -33,6 +35,9 @@ class _TerminalFrame(_Frame):
     """A frame that ends its turn; it names the node that ran the turn (or decided its end)."""
 
     executed_by: WireStr = ""
+    #: Set when only this attempt ended: the turn runs again as the next attempt (its holder
+    #: was lost, or it failed under a retry policy), so the frame does not end the turn.
+    retrying: StrictBool = False
 
 
 #: The seq of a terminal frame another node sends for a turn it declared lost: above any seq the
@@ -128,8 +133,8 @@ TERMINAL_EVENTS = (TurnCompleted, TurnFailed, Interrupted, Rejected)
 
 
 def is_terminal(event: Event) -> bool:
-    """True for the frames that end a turn for a subscriber."""
-    return isinstance(event, TERMINAL_EVENTS)
+    """True for the frames that end a turn for a subscriber (not an attempt that is retried)."""
+    return isinstance(event, TERMINAL_EVENTS) and not event.retrying
 
 
 def drop_rank(event: Event) -> int:

@@ -10,7 +10,8 @@ log = logging.getLogger("stickless.metrics")
 
 class SessionMetrics(Protocol):
     """Hooks a deployment may implement; each runs on the thread that raised the event and must
-    not block. A hook that raises is logged and ignored."""
+    not block. A hook that raises is logged and ignored; one the implementation lacks (written
+    before the hook existed) is skipped."""
 
     def on_lock_acquire(self, session_id: str, acquired: bool, latency: float) -> None: ...
 
@@ -31,6 +32,31 @@ class SessionMetrics(Protocol):
     def on_forward_doorbell_rerung(self, session_id: str) -> None: ...
 
     def on_events_dropped(self, session_id: str, count: int) -> None: ...
+
+    def on_redelivered(self, session_id: str, count: int) -> None:
+        """A collect took over `count` entries an older lease had collected and never answered
+        (its holder died or gave the session up): a failover delivered them again."""
+        ...
+
+    def on_reclaimed(self, session_id: str, count: int) -> None:
+        """A collect took back `count` entries already pending under this holder's own lease,
+        after a collect whose reply was lost (a store or network fault, not a failover)."""
+        ...
+
+    def on_retried(self, session_id: str, turn_id: str, attempt: int) -> None:
+        """A turn is scheduled to run again as `attempt` (1-based) after a failed attempt."""
+        ...
+
+    def on_dead_lettered(self, session_id: str, turn_id: str, reason: str) -> None:
+        """A message went to the dead-letter store (attempts exhausted, or unreadable)."""
+        ...
+
+    def on_pending_gauge(
+        self, node_id: str, sessions: int, pending: int, oldest_idle: float | None
+    ) -> None:
+        """Each status heartbeat: the sessions this node holds, their collected but unanswered
+        entries, and the longest any of them has waited (None when none is pending)."""
+        ...
 
 
 class NoopMetrics:
@@ -66,6 +92,23 @@ class NoopMetrics:
     def on_events_dropped(self, session_id: str, count: int) -> None:
         return None
 
+    def on_redelivered(self, session_id: str, count: int) -> None:
+        return None
+
+    def on_reclaimed(self, session_id: str, count: int) -> None:
+        return None
+
+    def on_retried(self, session_id: str, turn_id: str, attempt: int) -> None:
+        return None
+
+    def on_dead_lettered(self, session_id: str, turn_id: str, reason: str) -> None:
+        return None
+
+    def on_pending_gauge(
+        self, node_id: str, sessions: int, pending: int, oldest_idle: float | None
+    ) -> None:
+        return None
+
 
 NOOP_METRICS: SessionMetrics = NoopMetrics()
 
@@ -77,7 +120,10 @@ class SafeMetrics:
         self._inner = inner
 
     def emit(self, hook: str, *args: Any) -> None:
+        call = getattr(self._inner, hook, None)
+        if call is None:  # metrics written before this hook existed
+            return
         try:
-            getattr(self._inner, hook)(*args)
+            call(*args)
         except Exception:
             log.exception("metrics hook %s failed", hook)

@@ -72,6 +72,8 @@ class TurnContext:
         initiator: Principal | None,
         emitter: Callable[[Event], None],
         transcript: Transcript,
+        attempt: int = 1,
+        fencing_token: int = 0,
     ) -> None:
         self.session_id = session_id
         self.turn_id = turn_id
@@ -80,6 +82,13 @@ class TurnContext:
         self.submit_options = submit_options
         self.initiator = initiator
         self.transcript = transcript
+        #: Which run of this turn this is (1-based): a turn is run again after its holder was
+        #: lost or it failed under a retry policy. With `turn_id` and `fencing_token` it gives
+        #: stable idempotency keys for the agent's own side effects.
+        self.attempt = attempt
+        #: The lease token this attempt runs under: a later attempt always has a larger one or
+        #: the same (retried on this node), and its writes fence out an older attempt's.
+        self.fencing_token = fencing_token
         self.interrupted = asyncio.Event()
         self._emitter = emitter
 

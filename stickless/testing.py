@@ -188,5 +188,22 @@ class CountingMetrics:
     def on_events_dropped(self, session_id: str, count: int) -> None:
         self._record("on_events_dropped", session_id, count)
 
+    def on_redelivered(self, session_id: str, count: int) -> None:
+        self._record("on_redelivered", session_id, count)
+
+    def on_reclaimed(self, session_id: str, count: int) -> None:
+        self._record("on_reclaimed", session_id, count)
+
+    def on_retried(self, session_id: str, turn_id: str, attempt: int) -> None:
+        self._record("on_retried", session_id, turn_id, attempt)
+
+    def on_dead_lettered(self, session_id: str, turn_id: str, reason: str) -> None:
+        self._record("on_dead_lettered", session_id, turn_id, reason)
+
+    def on_pending_gauge(
+        self, node_id: str, sessions: int, pending: int, oldest_idle: float | None
+    ) -> None:
+        self._record("on_pending_gauge", node_id, sessions, pending, oldest_idle)
+
 
 __all__ = ["CountingMetrics", "LocalCluster"]

@@ -305,6 +305,10 @@ class StatusPayload(BaseModel):
     queued: StrictInt = 0
     seq: StrictInt
     updated_at: float
+    #: The session's pending backlog as of the holder's last status heartbeat (absent from a
+    #: node that predates it: read as none).
+    pending: StrictInt = 0
+    oldest_pending_idle: float | None = None
 
 
 def encode_event(event: Event) -> bytes:

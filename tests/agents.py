@@ -11,6 +11,7 @@ from stickless import (
     FailureCode,
     LiveSession,
     SubmitRequest,
+    TerminalError,
     TextDelta,
     TranscriptEntry,
     TurnContext,
@@ -37,6 +38,12 @@ class Journal:
     #: Set when a gated turn has started (so a test can act mid-turn).
     entered: dict[str, asyncio.Event] = field(default_factory=dict)
     accept_inject: bool = False
+    #: (session, turn, text, attempt, fencing token) of every run.
+    attempts: list[tuple[str, str, str, int, int]] = field(default_factory=list)
+    #: Texts whose turns raise RuntimeError on their first n attempts.
+    fail_first: dict[str, int] = field(default_factory=dict)
+    #: Texts whose turns raise TerminalError.
+    terminal: set[str] = field(default_factory=set)
 
     def gate(self, text: str) -> asyncio.Event:
         """Make turns whose input is `text` wait for the returned event; entered[text] is set
@@ -60,6 +67,13 @@ class ScriptedSession:
         journal = self.journal
         text = turn.input.as_text()
         journal.started.append((turn.session_id, turn.turn_id, text))
+        journal.attempts.append(
+            (turn.session_id, turn.turn_id, text, turn.attempt, turn.fencing_token)
+        )
+        if text in journal.terminal:
+            raise TerminalError(f"no retry can fix {text}")
+        if turn.attempt <= journal.fail_first.get(text, 0):
+            raise RuntimeError(f"flaky attempt {turn.attempt}")
         journal.running[turn.session_id] = journal.running.get(turn.session_id, 0) + 1
         journal.max_concurrency[turn.session_id] = max(
             journal.max_concurrency.get(turn.session_id, 0), journal.running[turn.session_id]

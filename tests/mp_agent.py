@@ -14,7 +14,9 @@ works:
   turn is interrupted; tests hold a turn mid-flight from outside with it;
 - ``"wedge:<name>"``: blocks the whole event loop (time.sleep in a poll of that key) until the key
   exists, at most WEDGE_LIMIT seconds: a wedged node that resumes when the test says so;
-- ``"block:<seconds>"``: blocks the event loop with time.sleep for that long.
+- ``"block:<seconds>"``: blocks the event loop with time.sleep for that long;
+- ``"fail:<n>"``: raises RuntimeError on attempts 1..n (a retry policy runs it again);
+- ``"terminal"``: raises TerminalError (never retried).
 
 Log entries are list items of ``mp:log:<session>``: ``"<ev>|<turn>|<node>|<how>|<stamp>|<text>"``
 with ev ``start`` or ``end``, how ``-`` at the start and ``ok`` (returned with staged entries),
@@ -36,6 +38,7 @@ import redis.asyncio
 
 from stickless import (
     LiveSession,
+    TerminalError,
     TextDelta,
     TranscriptEntry,
     TurnContext,
@@ -192,6 +195,11 @@ class EchoSession:
                     if self.log.gate_open(name):
                         return
                 time.sleep(POLL)  # noqa: ASYNC251
+        elif spec.startswith("fail:"):
+            if turn.attempt <= int(spec.removeprefix("fail:")):
+                raise RuntimeError(f"flaky attempt {turn.attempt}")
+        elif spec == "terminal":
+            raise TerminalError("no retry can fix this")
         elif spec.startswith("block:"):
             time.sleep(float(spec.removeprefix("block:")))  # noqa: ASYNC251
         elif spec == "long":

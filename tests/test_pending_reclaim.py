@@ -30,7 +30,7 @@ async def test_messages_collected_by_a_holder_that_died_before_taking_them_run_o
         stuck = asyncio.Event()
         never = asyncio.Event()
 
-        async def stalled_acquire(*args: object) -> object:
+        async def stalled_acquire(*args: object, **kwargs: object) -> object:
             stuck.set()
             await never.wait()
             raise AssertionError("unreachable")

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stickless import Priority
-from stickless.backends.base import HolderTakeover, Lease, ReservationRef
+from stickless.backends.base import Lease, ReservationRef, Takeover
 from stickless.backends.redis import RedisBackends, _idempotency
 from stickless.backends.redis._keys import parse_reservation_member, reservation_member
 from stickless.backends.redis._scripts import Call
@@ -77,7 +77,7 @@ async def test_stale_index_follows_a_take_over_during_a_scan(
     # When node-b takes it over (its deadline: now) after a sweep read the holderless
     # reservation and before that sweep rescores its index entry
     rescore, run_batch = idem._scripts.index_rescore, _idempotency.run_batch
-    taken: list[HolderTakeover] = []
+    taken: list[Takeover] = []
 
     async def take_over_first(client: Any, calls: Sequence[Call]) -> list[Any]:
         if not taken and any(call.script is rescore for call in calls):
@@ -87,7 +87,7 @@ async def test_stale_index_follows_a_take_over_during_a_scan(
     monkeypatch.setattr(_idempotency, "run_batch", take_over_first)
     assert await idem.find_stale_in_flight(10) == []
     monkeypatch.undo()
-    assert taken == [HolderTakeover.WON]
+    assert taken == [Takeover(attempt=1)]
     # Then the next sweep finds it stale (node-b never touched it), not after the forward bound
     assert [r.holder for r in await idem.find_stale_in_flight(10)] == ["node-b"]
 

@@ -31,11 +31,11 @@ async def test_a_message_whose_take_over_stays_undecided_never_runs(
         acquire = idem.acquire_holder
 
         async def unreachable_for_queued(
-            session_id: str, key: str, turn_id: str, *args: object
+            session_id: str, key: str, turn_id: str, *args: object, **kwargs: object
         ) -> object:
             if turn_id == queued.turn_id:
                 raise BackendUnavailableError("connection reset")
-            return await acquire(session_id, key, turn_id, *args)  # type: ignore[arg-type]
+            return await acquire(session_id, key, turn_id, *args, **kwargs)  # type: ignore[arg-type]
 
         monkeypatch.setattr(idem, "acquire_holder", unreachable_for_queued)
         # And a later message the store does answer for

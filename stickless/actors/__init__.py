@@ -1,13 +1,15 @@
 """Session actors: mailbox, live handle, turn execution and event relay."""
 
-from ._actor import RunningTurn, SessionActor
-from ._host import ActorHost, StopReason
+from ._actor import SessionActor
+from ._ending import RunningTurn
+from ._host import ActorHost, Later, StopReason
 from ._relay import EventRelay, RankedQueue, Subscriber, SubscriberHub, drain_subscriber
 from ._work import PendingEntry, TurnWork
 
 __all__ = [
     "ActorHost",
     "EventRelay",
+    "Later",
     "RankedQueue",
     "RunningTurn",
     "PendingEntry",

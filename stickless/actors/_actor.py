@@ -7,9 +7,9 @@ work; messages are processed one at a time, so a turn, a drain and a stop never 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import FailureCode
@@ -17,7 +17,6 @@ from .._events import (
     LATE_TERMINAL_SEQ,
     Event,
     Interrupted,
-    TurnCompleted,
     TurnStarted,
 )
 from .._session import LiveSession, Transcript, TurnContext
@@ -28,29 +27,14 @@ from ..backends.base import (
     StagedCommit,
 )
 from ..wire import Outcome
-from ._host import ActorHost, StopReason
+from ._ending import RunningTurn, conclude, retryable, retrying_frame, schedule
+from ._host import ActorHost, Later, StopReason
 from ._mailbox import Mailbox
 from ._relay import EventRelay
 from ._unrun import answer_cancelled, fail_unrun, failed, failure, reject
 from ._work import PendingEntry, TurnWork
 
 log = logging.getLogger("stickless.actor")
-
-
-@dataclass
-class RunningTurn:
-    """The turn in progress: its work, context, relay and agent task."""
-
-    work: TurnWork
-    context: TurnContext
-    relay: EventRelay
-    task: asyncio.Task[TurnOutput] | None = None
-    interrupt_code: FailureCode | None = None
-    interrupt_reason: str = ""
-    #: NOW messages the agent accepted into this turn; they get this turn's outcome.
-    joined: list[TurnWork] = field(default_factory=list)
-    #: Set once the agent task ended: no message joins the turn after that.
-    concluded: bool = False
 
 
 class SessionActor:
@@ -71,6 +55,8 @@ class SessionActor:
         self._starting: TurnWork | None = None
         #: Why `_starting` (or, when None, the next turn to start) was cancelled by an interrupt.
         self._cancel_starting: str | None = None
+        #: Set to end a wait of `_starting` for its take-over (cancelled, or the actor stops).
+        self._wake_starting = asyncio.Event()
         self._cancel_next: str | None = None
         #: True while the loop collects the inbox before a turn.
         self._collecting = False
@@ -160,6 +146,7 @@ class SessionActor:
         starting = self._starting
         if starting is not None and turn_id in (None, starting.turn_id):
             self._cancel_starting = reason
+            self._wake_starting.set()
             return True
         if turn_id is not None:
             work = self._mailbox.take(turn_id)
@@ -271,6 +258,8 @@ class SessionActor:
             self._collect_in_doubt = True
             return []
         self._collect_in_doubt = self._collect_in_doubt and max_priority is not Priority.LATER
+        if batch.redelivered or batch.reclaimed:
+            self._host.entries_reclaimed(self.session_id, batch.redelivered, batch.reclaimed)
         for entry in batch.unreadable:
             await self._host.answer_unreadable(self.session_id, entry, token)
         # Reservations are taken over when a turn starts, not here: a message that never
@@ -286,7 +275,14 @@ class SessionActor:
             else:
                 await answer_cancelled(self._host, work, reason)
         if max_priority is Priority.NOW:
-            return [work for work in kept if await self._host.take_over(work)]
+            taken = []
+            for work in kept:
+                answer = await self._host.take_over(work)
+                if isinstance(answer, Later):
+                    self._mailbox.push(work)  # waits for its take-over like any queued turn
+                elif answer:
+                    taken.append(work)
+            return taken
         for work in kept:
             self._mailbox.push(work)
         return []
@@ -401,13 +397,32 @@ class SessionActor:
             await self._run(work, handle)
 
     async def _prepare(self, work: TurnWork) -> LiveSession | None:
-        """Take the reservation over, check the binding and open the handle; None when the work
-        was put back, answered or left to another node."""
-        if not work.owned and not await self._host.take_over(work):
+        """Take the reservation over (waiting while a retry's backoff or a lost holder's attempt
+        lasts), check the binding and open the handle; None when the work was put back,
+        answered or left to another node."""
+        if not work.owned and not await self._take_over(work):
             return None
         if not await self._ensure_binding(work):
             return None
+        if work.pending is None and self._host.config.on_holder_lost == "retry":
+            await self._host.hold(work, self.token)
         return await self._ensure_handle(work)
+
+    async def _take_over(self, work: TurnWork) -> bool:
+        """The take-over of collected work, asked again after each wait it is told to make;
+        False when it does not run now (answered, left elsewhere, or put back: cancelled
+        meanwhile, the lease lost, or the actor stopping)."""
+        while True:
+            answer = await self._host.take_over(work)
+            if not isinstance(answer, Later):
+                return answer
+            self._wake_starting.clear()
+            if self._cancel_starting is None and self.accepting and self.lease is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake_starting.wait(), answer.wait)
+            if self._cancel_starting is not None or not self.accepting or self.lease is None:
+                self._put_back(work)  # answered cancelled by `_execute`, or handed on
+                return False
 
     async def _run(self, work: TurnWork, handle: LiveSession) -> None:
         host = self._host
@@ -417,9 +432,11 @@ class SessionActor:
             host.deliver_frames,
             host.config.relay_queue_size,
             after=self._last_relay,
+            attempt=max(work.attempt, 1),
         )
         self._last_relay = relay
         relay.on_flushed(self._report_drops)
+        work.attempt = max(work.attempt, 1)
         context = TurnContext(
             session_id=self.session_id,
             turn_id=work.turn_id,
@@ -429,6 +446,8 @@ class SessionActor:
             initiator=work.initiator,
             emitter=relay.emit,
             transcript=Transcript(self._load_transcript),
+            attempt=work.attempt,
+            fencing_token=self.token,
         )
         running = RunningTurn(work=work, context=context, relay=relay)
         self.running = running
@@ -446,7 +465,11 @@ class SessionActor:
             self.running = None
             raise
         running.concluded = True
-        outcome, terminal, commit = await self._conclude(running, task)
+        if await self._retry(running, task):
+            return
+        outcome, terminal, commit, lease_lost = conclude(self._host, running, task, self.lease)
+        if lease_lost:
+            self.lose_lease()
         self.running = None
         self.last_active = asyncio.get_running_loop().time()
         host.actor_state_changed(self.session_id, self.token)
@@ -456,6 +479,21 @@ class SessionActor:
         self._finishing.add(finish)
         finish.add_done_callback(self._finishing.discard)
         await asyncio.shield(finish)
+
+    async def _retry(self, running: RunningTurn, task: asyncio.Task[TurnOutput]) -> bool:
+        """Schedule the next attempt of a turn the retry policy runs again; True when it is
+        (the failed attempt's frame goes out, and the work waits at the head of the mailbox)."""
+        work = running.work
+        interrupted = running.interrupt_code is not None
+        error = None if interrupted else retryable(self._host, work, task, bool(running.joined))
+        if error is None or not await schedule(self._host, work, self.token, error):
+            return False
+        running.relay.emit(retrying_frame(work, error, self._host.node_id))
+        running.relay.close()
+        self.running = None
+        self._host.actor_state_changed(self.session_id, self.token)
+        self._put_back(work)
+        return True
 
     async def _finish(
         self,
@@ -486,44 +524,9 @@ class SessionActor:
             answer = announced or Outcome.unknown(joined.turn_id, host.config.forward_ttl)
             await host.complete(joined, answer.model_copy(update={"turn_id": joined.turn_id}))
 
-    async def _conclude(
-        self, running: RunningTurn, task: asyncio.Task[TurnOutput]
-    ) -> tuple[Outcome, Event, StagedCommit | None]:
-        """The agent task's end as an outcome, a terminal frame and, on success, the staged
-        entries to commit with the outcome under this lease."""
-        work = running.work
-        node = self._host.node_id
-        if running.interrupt_code is not None:
-            code, reason = running.interrupt_code, running.interrupt_reason
-            frame = Interrupted(reason=reason, executed_by=node)
-            return failure(work, code, reason, node), frame, None
-        if task.cancelled():
-            return (*failed(work, FailureCode.FAILED, "turn task cancelled", node), None)
-        error = task.exception()
-        if error is not None:
-            log.warning("turn %s of %s failed: %r", work.turn_id, self.session_id, error)
-            message = f"{type(error).__name__}: {error}"
-            return (*failed(work, FailureCode.FAILED, message, node), None)
-        output = task.result()
-        if not isinstance(output, TurnOutput):
-            message = "run_turn must return TurnOutput"
-            return (*failed(work, FailureCode.FAILED, message, node), None)
-        commit = None
-        staged = running.context.transcript.staged
-        if staged:
-            lease = self.lease
-            if lease is None or not self._host.holds_lease(self.session_id, lease.token):
-                self.lose_lease()
-                message = "lease lost before commit"
-                return (*failed(work, FailureCode.LEASE_LOST, message, node), None)
-            commit = StagedCommit(lease.token, tuple(staged))
-        outcome = Outcome(
-            turn_id=work.turn_id, ok=True, executed_by=node, text=output.text, data=output.data
-        )
-        return outcome, TurnCompleted(text=output.text, data=output.data, executed_by=node), commit
-
     async def _stop(self, reason: StopReason) -> list[TurnWork]:
         self.accepting = False
+        self._wake_starting.set()
         running = self.running
         if running is not None:
             self.interrupt(reason.value, code=reason.interrupt_code)
@@ -569,4 +572,3 @@ class SessionActor:
             except Exception:
                 log.exception("closing the live session %s failed", self.session_id)
         return pending
-

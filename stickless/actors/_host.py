@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .._config import RouterConfig
@@ -42,6 +43,14 @@ class StopReason(enum.Enum):
         return FailureCode.EVICTED
 
 
+@dataclass(frozen=True, slots=True)
+class Later:
+    """A take-over to ask for again after `wait` seconds (a retry's backoff, or a running
+    attempt whose holder may still answer)."""
+
+    wait: float
+
+
 class ActorHost(Protocol):
     """What a session actor needs from its node supervisor."""
 
@@ -77,9 +86,21 @@ class ActorHost(Protocol):
         """
         ...
 
-    async def take_over(self, work: TurnWork) -> bool:
-        """Take a collected message's reservation over as its turn starts; False when it must
-        not run here (answered, or left to the node that holds it)."""
+    async def take_over(self, work: TurnWork) -> bool | Later:
+        """Take a collected message's reservation over as its turn starts (setting its
+        attempt); False when it must not run here (answered, or left to the node that holds
+        it), `Later` when it may be taken over later."""
+        ...
+
+    async def hold(self, work: TurnWork, token: int) -> None:
+        """Keep a durable copy of a turn its submitter is about to run (when the policy runs a
+        turn again after its holder is lost), so a successor can; sets `work.pending`."""
+        ...
+
+    async def schedule_retry(self, work: TurnWork, token: int, reason: str, delay: float) -> bool:
+        """Schedule the next attempt of a failed one, durably, `delay` seconds out (the work
+        then waits, unowned and pending, to be taken over again); False when it was refused or
+        could not be made sure (the attempt is then answered as failed)."""
         ...
 
     async def answer_unreadable(
@@ -93,6 +114,11 @@ class ActorHost(Protocol):
         ...
 
     def events_dropped(self, session_id: str, count: int) -> None: ...
+
+    def entries_reclaimed(self, session_id: str, redelivered: int, reclaimed: int) -> None:
+        """A collect brought back pending entries: `redelivered` from older leases, `reclaimed`
+        from this actor's own (see `CollectedBatch`)."""
+        ...
 
     def actor_state_changed(self, session_id: str, token: int) -> None:
         """The actor of `session_id` under lease `token` started or ended a turn or a drain."""

@@ -74,9 +74,11 @@ class EventRelay:
         sink: FrameSink,
         capacity: int,
         after: EventRelay | None = None,
+        attempt: int = 1,
     ) -> None:
         self.session_id = session_id
         self.turn_id = turn_id
+        self.attempt = attempt
         self._sink = sink
         self._after = after
         self._queue = RankedQueue(capacity)
@@ -100,7 +102,12 @@ class EventRelay:
             return
         self._seq += 1
         stamped = frame.model_copy(
-            update={"session_id": self.session_id, "turn_id": self.turn_id, "seq": self._seq}
+            update={
+                "session_id": self.session_id,
+                "turn_id": self.turn_id,
+                "attempt": self.attempt,
+                "seq": self._seq,
+            }
         )
         self._queue.push(stamped)
         if is_terminal(stamped):

@@ -9,7 +9,6 @@ from .base import (
     EventLog,
     FencedOut,
     HeldElsewhere,
-    HolderTakeover,
     IdempotencyStore,
     InboundMessage,
     Inbox,
@@ -23,6 +22,7 @@ from .base import (
     SignalBus,
     SignalHandler,
     Subscription,
+    Takeover,
     UnreadableEntry,
 )
 
@@ -35,7 +35,6 @@ __all__ = [
     "EventLog",
     "FencedOut",
     "HeldElsewhere",
-    "HolderTakeover",
     "IdempotencyStore",
     "InboundMessage",
     "Inbox",
@@ -49,5 +48,6 @@ __all__ = [
     "SignalBus",
     "SignalHandler",
     "Subscription",
+    "Takeover",
     "UnreadableEntry",
 ]

@@ -47,7 +47,12 @@ class SessionState(enum.StrEnum):
 
 
 class ClusterSessionStatus(BaseModel):
-    """Best-effort view of a session across the cluster; never a control gate."""
+    """Best-effort view of a session across the cluster; never a control gate.
+
+    `pending` and `oldest_pending_idle` are the holder's collected but unanswered messages and
+    the store-clock seconds the oldest of them has waited since it was collected (None: none
+    pending); `queued` counts the holder's mailbox, not the inbox.
+    """
 
     model_config = ConfigDict(frozen=True)
     session_id: str
@@ -56,6 +61,8 @@ class ClusterSessionStatus(BaseModel):
     state: SessionState
     active_turn_id: str | None = None
     queued: int = 0
+    pending: int = 0
+    oldest_pending_idle: float | None = None
     seq: int = 0
     origin: str | None = None
     updated_at: float = 0.0

@@ -8,7 +8,7 @@ from typing import Any
 from .._config import RouterConfig
 from .._events import Event
 from .._session import LiveSession, LiveSessionOpener
-from ..actors import SessionActor, TurnWork
+from ..actors import Later, SessionActor, TurnWork
 from ..backends.base import Backends, StagedCommit, UnreadableEntry
 from ..wire import Outcome
 from ._context import NodeContext, RouterPart
@@ -70,12 +70,16 @@ class NodeActorHost(RouterPart):
     ) -> Outcome | None:
         return await self._outcomes.complete(work, outcome, commit, before_announce, frame)
 
-    async def take_over(self, work: TurnWork) -> bool:
+    async def take_over(self, work: TurnWork) -> bool | Later:
         return await self._outcomes.take_over(work)
 
-    async def answer_unreadable(
-        self, session_id: str, entry: UnreadableEntry, token: int
-    ) -> None:
+    async def hold(self, work: TurnWork, token: int) -> None:
+        await self._outcomes.hold(work, token)
+
+    async def schedule_retry(self, work: TurnWork, token: int, reason: str, delay: float) -> bool:
+        return await self._outcomes.schedule_retry(work, token, reason, delay)
+
+    async def answer_unreadable(self, session_id: str, entry: UnreadableEntry, token: int) -> None:
         await self._outcomes.answer_unreadable(session_id, entry, token)
 
     def holds_lease(self, session_id: str, token: int) -> bool:
@@ -88,6 +92,12 @@ class NodeActorHost(RouterPart):
 
     def events_dropped(self, session_id: str, count: int) -> None:
         self._metrics.emit("on_events_dropped", session_id, count)
+
+    def entries_reclaimed(self, session_id: str, redelivered: int, reclaimed: int) -> None:
+        if redelivered:
+            self._metrics.emit("on_redelivered", session_id, redelivered)
+        if reclaimed:
+            self._metrics.emit("on_reclaimed", session_id, reclaimed)
 
     def actor_state_changed(self, session_id: str, token: int) -> None:
         actor = self._sessions.get(session_id)

@@ -10,10 +10,9 @@ from typing import TypeVar
 
 from .._errors import BackendUnavailableError, FailureCode
 from .._events import LATE_TERMINAL_SEQ, Event, Interrupted
-from ..actors import PendingEntry, TurnWork
+from ..actors import Later, PendingEntry, TurnWork
 from ..backends.base import (
     FencedOut,
-    HolderTakeover,
     InboundMessage,
     Reservation,
     StagedCommit,
@@ -153,6 +152,7 @@ class TurnOutcomes(RouterPart):
     async def _mark_done(
         self, work: TurnWork, outcome: Outcome, commit: StagedCommit | None
     ) -> bool:
+        # A started attempt answers only while it is the reservation's: a stale one is refused.
         return await self._backends.idempotency.mark_done(
             work.session_id,
             work.key,
@@ -160,6 +160,7 @@ class TurnOutcomes(RouterPart):
             outcome,
             primary_ttl(self._config, work.key),
             commit,
+            work.attempt or None,
         )
 
     async def _record_later(
@@ -207,7 +208,58 @@ class TurnOutcomes(RouterPart):
         won = await quiet(idem.compare_and_reset(work.session_id, work.key, None, withdrawn))
         return withdrawn if won else None
 
-    async def take_over(self, work: TurnWork) -> bool:
+    @property
+    def _steal_below(self) -> int:
+        """The attempt below which a lost holder's turn is run again (0: never)."""
+        if self._config.on_holder_lost == "retry":
+            return self._config.holder_lost_max_attempts
+        return 0
+
+    async def hold(self, work: TurnWork, token: int) -> None:
+        """Keep a durable copy of a turn its submitter runs (see `ActorHost.hold`); when the
+        store cannot be reached for it, the turn runs without one (as under "fail")."""
+        idem = self._backends.idempotency
+        try:
+            message_id = await idem.hold(
+                work.session_id,
+                work.key,
+                work.turn_id,
+                self._node_id,
+                token,
+                work.to_envelope().encode(),
+            )
+        except Exception as exc:
+            log.warning("no durable copy of %s: %s", work.turn_id, exc)
+            return
+        if message_id is not None:
+            work.pending = PendingEntry(token, message_id)
+
+    async def schedule_retry(self, work: TurnWork, token: int, reason: str, delay: float) -> bool:
+        """Durably schedule the next attempt of a failed one (see `ActorHost.schedule_retry`)."""
+        idem = self._backends.idempotency
+        attempt = max(work.attempt, 1)
+        scheduled = await self._patiently(
+            lambda: idem.schedule_retry(
+                work.session_id,
+                work.key,
+                work.turn_id,
+                self._node_id,
+                token,
+                work.to_envelope().encode(),
+                attempt,
+                reason,
+                delay,
+                self._config.forward_ttl,
+            )
+        )
+        if scheduled is None or scheduled[0] is None:
+            return False
+        self._renewer.disown(work.session_id, work.key)
+        work.pending = PendingEntry(token, scheduled[0])
+        work.owned = False
+        return True
+
+    async def take_over(self, work: TurnWork) -> bool | Later:
         """Take over a collected message's reservation as its turn starts; False when the
         message must not run here.
 
@@ -225,16 +277,33 @@ class TurnOutcomes(RouterPart):
         """
         idem = self._backends.idempotency
         session_id, key, turn_id = work.session_id, work.key, work.turn_id
+        message_id = None if work.pending is None else work.pending.message_id
         acquired = await self._patiently(
             lambda: idem.acquire_holder(
-                session_id, key, turn_id, self._node_id, self._config.idempotency_secondary_ttl
+                session_id,
+                key,
+                turn_id,
+                self._node_id,
+                self._config.idempotency_secondary_ttl,
+                message_id=message_id,
+                steal_below=self._steal_below,
             )
         )
-        if acquired == (HolderTakeover.WON,):
+        if acquired is not None and acquired[0].won:
+            takeover = acquired[0]
+            if takeover.lost:
+                await self._announce_lost_attempt(
+                    session_id, turn_id, takeover.lost, takeover.lost_by
+                )
             self._renewer.own(session_id, key)
             self._callers.run_here(turn_id)
             work.owned = True
+            work.attempt = takeover.attempt
+            if takeover.attempt > 1:
+                self._metrics.emit("on_retried", session_id, turn_id, takeover.attempt)
             return True
+        if acquired is not None and acquired[0].wait > 0:
+            return Later(acquired[0].wait)
         if acquired is not None:
             self._metrics.emit("on_takeover_rejected", session_id, key)
             looked_up = await self._patiently(lambda: idem.find(session_id, key))
@@ -335,6 +404,23 @@ class TurnOutcomes(RouterPart):
         Raises:
             BackendUnavailableError: the store could not be reached.
         """
+        if stale.holder is not None and stale.durable and self._steal_below:
+            lost = await io(
+                self._backends.idempotency.requeue_lost(
+                    stale.session_id,
+                    stale.key,
+                    stale.turn_id,
+                    stale.holder,
+                    f"holder {stale.holder} stopped answering",
+                    self._steal_below,
+                    self._config.forward_ttl,
+                )
+            )
+            if lost:
+                await self._announce_lost_attempt(
+                    stale.session_id, stale.turn_id, lost, stale.holder
+                )
+                return
         # Named by its decider, so two sweepers never write the same outcome (a reset that finds
         # its own outcome recorded counts as won: that is the same call run again).
         outcome = Outcome.failure(
@@ -351,6 +437,23 @@ class TurnOutcomes(RouterPart):
         if won:
             await self._announce_lost(stale, outcome)
 
+    async def _announce_lost_attempt(
+        self, session_id: str, turn_id: str, attempt: int, holder: str
+    ) -> None:
+        """Tell subscribers an attempt was lost with its holder and the turn runs again (the
+        one node that gave the attempt up sends it)."""
+        self._metrics.emit("on_holder_loss", session_id, turn_id)
+        frame = Interrupted(
+            session_id=session_id,
+            turn_id=turn_id,
+            attempt=attempt,
+            seq=LATE_TERMINAL_SEQ,
+            reason=FailureCode.HOLDER_LOST.value,
+            executed_by=holder,
+            retrying=True,
+        )
+        await self._control.deliver_frames(session_id, [frame])
+
     async def _announce_lost(self, stale: Reservation, outcome: Outcome) -> None:
         self._metrics.emit("on_holder_loss", stale.session_id, stale.turn_id)
         frame = Interrupted(
@@ -362,4 +465,3 @@ class TurnOutcomes(RouterPart):
         )
         await self._control.deliver_frames(stale.session_id, [frame])
         await self.announce(stale.session_id, stale.key, outcome)
-

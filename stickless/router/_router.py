@@ -307,7 +307,9 @@ class SessionRouter:
         self._check_open()
         actor = self._sessions.get(session_id)
         if actor is not None:
-            return self._board.local(actor, time.time())
+            read = await quiet(self._backends.inbox.pending_stats([session_id]))
+            backlog = read[session_id] if read else self._board.backlog(session_id)
+            return self._board.local(actor, time.time(), backlog)
         fresh_for = 3 * self._config.status_heartbeat_interval
         now = asyncio.get_running_loop().time()
         seen = self._board.seen(session_id, now, fresh_for)

@@ -6,9 +6,10 @@ in, so every decision here is a plain function of its inputs).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from ..actors import SessionActor
+from ..backends.base import PendingStats
 from ..wire import Signal, SignalKind, StatusPayload
 from ._api import ClusterSessionStatus, SessionState
 
@@ -27,6 +28,10 @@ class StatusBoard:
         self._flush_pending = False
         self._projection: dict[str, ClusterSessionStatus] = {}
         self._received: dict[str, float] = {}
+        #: The inbox backlog of each session held here, as of the last status heartbeat.
+        self._backlog: dict[str, PendingStats] = {}
+        #: The pending count each held session's last signal carried.
+        self._told_pending: dict[str, int] = {}
 
     # ------------------------------------------------------------ this node's sessions
 
@@ -49,14 +54,29 @@ class StatusBoard:
             and (signal := self.snapshot(actor, now)) is not None
         ]
 
+    def backlog_read(self, read: Mapping[str, PendingStats]) -> None:
+        """Keep the backlog the heartbeat just read of the sessions held here (all of them)."""
+        self._backlog = dict(read)
+        self._told_pending = {s: n for s, n in self._told_pending.items() if s in read}
+
+    def backlog(self, session_id: str) -> PendingStats:
+        """The last backlog read of a session held here (none when never read)."""
+        return self._backlog.get(session_id, PendingStats())
+
     def heartbeat(self, actors: Iterable[SessionActor], now: float) -> list[Signal]:
-        """Re-announce the running sessions (idle ones do not change, and status() of a session
-        nobody re-announced falls back to reading its lease)."""
+        """Re-announce the running sessions and those with a pending backlog, now or at their
+        last signal (other idle ones do not change, and status() of a session nobody
+        re-announced falls back to reading its lease)."""
         self._last.clear()
         return [
             signal
             for actor in actors
-            if actor.running is not None and (signal := self.snapshot(actor, now)) is not None
+            if (
+                actor.running is not None
+                or self.backlog(actor.session_id).pending
+                or self._told_pending.get(actor.session_id)
+            )
+            and (signal := self.snapshot(actor, now)) is not None
         ]
 
     def snapshot(self, actor: SessionActor, now: float) -> Signal | None:
@@ -70,10 +90,13 @@ class StatusBoard:
     def gone(self, actor: SessionActor, now: float) -> Signal:
         """The GONE signal of a session this node stopped holding."""
         self._last.pop(actor.session_id, None)
-        return self._signal(actor, SessionState.GONE, None, 0, now)
+        self._backlog.pop(actor.session_id, None)
+        signal = self._signal(actor, SessionState.GONE, None, 0, now)
+        self._told_pending.pop(actor.session_id, None)
+        return signal
 
-    def local(self, actor: SessionActor, now: float) -> ClusterSessionStatus:
-        """The status of a session held here, read from its actor."""
+    def local(self, actor: SessionActor, now: float, backlog: PendingStats) -> ClusterSessionStatus:
+        """The status of a session held here, read from its actor and `backlog`."""
         state, turn_id = _state_of(actor)
         return ClusterSessionStatus(
             session_id=actor.session_id,
@@ -82,6 +105,8 @@ class StatusBoard:
             state=state,
             active_turn_id=turn_id,
             queued=actor.queued,
+            pending=backlog.pending,
+            oldest_pending_idle=backlog.oldest_idle,
             seq=self._seq,
             origin=self._node_id,
             updated_at=now,
@@ -97,6 +122,8 @@ class StatusBoard:
         now: float,
     ) -> Signal:
         self._seq += 1
+        backlog = self.backlog(actor.session_id)
+        self._told_pending[actor.session_id] = backlog.pending
         payload = StatusPayload(
             holder=self._node_id,
             token=actor.token,
@@ -105,6 +132,8 @@ class StatusBoard:
             queued=queued,
             seq=self._seq,
             updated_at=now,
+            pending=backlog.pending,
+            oldest_pending_idle=backlog.oldest_idle,
         )
         return Signal(
             kind=SignalKind.STATUS.value,
@@ -138,6 +167,8 @@ class StatusBoard:
             state=state,
             active_turn_id=payload.active_turn_id,
             queued=payload.queued,
+            pending=payload.pending,
+            oldest_pending_idle=payload.oldest_pending_idle,
             seq=payload.seq,
             origin=signal.origin,
             updated_at=payload.updated_at,
@@ -154,6 +185,13 @@ class StatusBoard:
         if seen is not None and now - received <= fresh_for:
             return seen
         return None
+
+
+def backlog_totals(read: Iterable[PendingStats]) -> tuple[int, int, float | None]:
+    """(sessions, pending entries, longest pending idle time) over a heartbeat's backlog read."""
+    stats = list(read)
+    idles = [s.oldest_idle for s in stats if s.oldest_idle is not None]
+    return len(stats), sum(s.pending for s in stats), max(idles, default=None)
 
 
 def _state_of(actor: SessionActor) -> tuple[SessionState, str | None]:

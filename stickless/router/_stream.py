@@ -38,7 +38,7 @@ class EventStream:
     """Async iterator over a session's frames, registered at creation so nothing after it is missed.
 
     `after=None` streams live frames only; `after=<event_id>` first replays the event log past that
-    id, then continues live, skipping frames already replayed (matched by turn id and seq).
+    id, then continues live, skipping frames already replayed (matched by turn, attempt, seq).
     """
 
     def __init__(
@@ -95,13 +95,13 @@ class EventStream:
     async def _frames(self) -> AsyncIterator[Event]:
         await self.ready()
         turn_filter = self._sub.turn_id
-        replayed: set[tuple[str, int]] = set()
+        replayed: set[tuple[str, int, int]] = set()
         cursor = self._after
         if cursor is not None:
             while True:
                 page = await self._log.read(self._sub.session_id, cursor, _REPLAY_PAGE)
                 for frame in page:
-                    replayed.add((frame.turn_id, frame.seq))
+                    replayed.add((frame.turn_id, frame.attempt, frame.seq))
                     if turn_filter is not None and frame.turn_id != turn_filter:
                         continue
                     yield frame
@@ -111,6 +111,6 @@ class EventStream:
                     break
                 cursor = page[-1].event_id
         async for frame in drain_subscriber(self._sub):
-            if replayed and (frame.turn_id, frame.seq) in replayed:
+            if replayed and (frame.turn_id, frame.attempt, frame.seq) in replayed:
                 continue
             yield frame

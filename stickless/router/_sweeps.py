@@ -18,6 +18,7 @@ from ._handover import Handover
 from ._outcomes import TurnOutcomes
 from ._session_part import SessionPart
 from ._sessions import LocalSessions
+from ._status import backlog_totals
 
 #: Attempts at withdrawing a message while the store is out of reach, and the first pause.
 _WITHDRAW_ATTEMPTS = 5
@@ -198,8 +199,18 @@ class Sweeps(SessionPart):
             await self._sessions.claim_unheld(session_id)
 
     async def _status_heartbeat_loop(self) -> None:
-        """Re-announce every running session's state (one batched publish per heartbeat)."""
         while await self._bg.pause(self._config.status_heartbeat_interval):
-            signals = self._board.heartbeat(self._sessions.actors(), time.time())
-            if signals:
-                await quiet(self._backends.signals.publish_many(signals))
+            await self.status_heartbeat()
+
+    async def status_heartbeat(self) -> None:
+        """Read the backlog of every held session (one batched store call), feed the node
+        gauge, and re-announce the running sessions and those with a backlog (one publish)."""
+        held = self._sessions.ids()
+        read = await quiet(self._backends.inbox.pending_stats(held)) if held else {}
+        if read is not None:
+            read = {s: stats for s, stats in read.items() if s in self._sessions}
+            self._board.backlog_read(read)
+            self._metrics.emit("on_pending_gauge", self._node_id, *backlog_totals(read.values()))
+        signals = self._board.heartbeat(self._sessions.actors(), time.time())
+        if signals:
+            await quiet(self._backends.signals.publish_many(signals))

@@ -6,11 +6,12 @@ import asyncio
 from typing import Any
 
 from stickless.backends.base import (
+    REJECTED,
     Backends,
-    HolderTakeover,
     Reservation,
     ReservationRef,
     ReservationState,
+    Takeover,
 )
 from stickless.wire import Outcome
 
@@ -240,7 +241,7 @@ async def test_acquire_holder_restores_the_secondary_bound(
     # When node-b takes it over with a short secondary TTL
     won = await backends.idempotency.acquire_holder("s1", "k1", "t1", "node-b", SHORT)
     # Then it is held by node-b and goes stale after the short bound
-    assert won is HolderTakeover.WON
+    assert won.won
     assert (await _find(backends)).holder == "node-b"
     await _wait_stale(backends, wait_until, "k1")
 
@@ -283,13 +284,13 @@ async def test_acquire_holder_wins_only_holderless_in_flight(backends: Backends)
     # Then only the holderless one is won, and it is now held by node-b; the holder asking
     # again for its own (a retry after a lost reply) keeps it
     assert results == {
-        "holderless": HolderTakeover.WON,
-        "held": HolderTakeover.REJECTED,
-        "done": HolderTakeover.REJECTED,
-        "failed": HolderTakeover.REJECTED,
-        "missing": HolderTakeover.REJECTED,
+        "holderless": Takeover(attempt=1),
+        "held": REJECTED,
+        "done": REJECTED,
+        "failed": REJECTED,
+        "missing": REJECTED,
     }
-    assert same_holder is HolderTakeover.WON
+    assert same_holder == Takeover(attempt=1)
     assert (await _find(backends, "holderless")).holder == "node-b"
     assert (await _find(backends, "held")).holder == "node-a"
 
@@ -303,8 +304,8 @@ async def test_concurrent_acquire_holder_has_one_winner(backends: Backends) -> N
         backends.idempotency.acquire_holder("s1", "k1", "t1", "node-c", LONG),
     )
     # Then exactly one wins, and the reservation names the winner
-    assert sorted(r.value for r in results) == ["REJECTED", "WON"]
-    winner = ["node-b", "node-c"][results.index(HolderTakeover.WON)]
+    assert sorted(r.won for r in results) == [False, True]
+    winner = ["node-b", "node-c"][[r.won for r in results].index(True)]
     assert (await _find(backends)).holder == winner
 
 
@@ -437,6 +438,6 @@ async def test_acquire_holder_refuses_a_reservation_of_another_turn(backends: Ba
     # When an older message for turn t1 of that key tries to take it over
     stale = await backends.idempotency.acquire_holder("s1", "k1", "t1", "node-b", LONG)
     # Then it is refused, and the newer attempt can still take it
-    assert stale is HolderTakeover.REJECTED
+    assert stale == REJECTED
     fresh = await backends.idempotency.acquire_holder("s1", "k1", "t2", "node-b", LONG)
-    assert fresh is HolderTakeover.WON
+    assert fresh.won

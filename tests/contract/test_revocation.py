@@ -16,7 +16,6 @@ from stickless._types import TranscriptEntry
 from stickless.backends.base import (
     Backends,
     FencedOut,
-    HolderTakeover,
     Lease,
     Reservation,
     ReservationRef,
@@ -210,7 +209,7 @@ async def test_expire_holder_leaves_other_reservations_untouched(backends: Backe
     await _reserve(backends, "k-taken", DEAD)
     assert await idem.release_holder("s1", "k-taken", DEAD, LONG)
     taken = await idem.acquire_holder("s1", "k-taken", "t-k-taken", ALIVE, LONG)
-    assert taken is HolderTakeover.WON
+    assert taken.won
     await _reserve(backends, "k-other", ALIVE)
     await _reserve(backends, "k-done", DEAD)
     done = Outcome(turn_id="t-k-done", ok=True, executed_by=DEAD, text="ok")

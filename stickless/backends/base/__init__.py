@@ -10,7 +10,6 @@ from typing import Protocol, runtime_checkable
 
 from ._dead_letters import (
     MAX_RAW_BYTES,
-    AttemptRecord,
     DeadLetter,
     DeadLetterStore,
     check_letter,
@@ -34,16 +33,19 @@ from ._events import (
     resume_cursor,
 )
 from ._idempotency import (
-    HolderTakeover,
+    REJECTED,
+    AttemptRecord,
     IdempotencyStore,
     Reservation,
     ReservationRef,
     ReservationState,
+    Takeover,
 )
 from ._inbox import (
     CollectedBatch,
     InboundMessage,
     Inbox,
+    PendingStats,
     UnreadableEntry,
     decode_entries,
     sort_messages,
@@ -67,7 +69,9 @@ from ._signals import (
 
 __all__ = [
     "MAX_RAW_BYTES",
+    "REJECTED",
     "AttemptRecord",
+    "Takeover",
     "Backends",
     "CollectedBatch",
     "DEFAULT_EVENT_LOG_MAX_LEN",
@@ -77,12 +81,12 @@ __all__ = [
     "EventLog",
     "FencedOut",
     "HeldElsewhere",
-    "HolderTakeover",
     "IdempotencyStore",
     "InboundMessage",
     "Inbox",
     "Lease",
     "LeaseStore",
+    "PendingStats",
     "RecordStore",
     "RecordView",
     "Reservation",

@@ -10,7 +10,7 @@ import hashlib
 import math
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from pydantic import (
@@ -26,6 +26,7 @@ from pydantic import (
 
 from ..._types import MAX_ID_LENGTH, MAX_MESSAGE_CHARS
 from ...wire import Envelope, WireError, pack, unpack
+from ._idempotency import AttemptRecord
 
 #: Bytes of an unreadable entry a letter keeps; the rest is dropped (the letter says how many).
 MAX_RAW_BYTES = 64 * 1024
@@ -46,19 +47,6 @@ _HEADER = b"\x93\x01\xcb"
 def _cut(text: str) -> str:
     """Free text (an agent's exception, a decode error) bounded to MAX_MESSAGE_CHARS."""
     return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 1] + "\u2026"
-
-
-@dataclass(frozen=True, slots=True)
-class AttemptRecord:
-    """One failed attempt of a turn: its number (1-based), node, error and time (store clock)."""
-
-    attempt: int
-    node: str
-    error: str
-    at: float
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "error", _cut(self.error))
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +85,11 @@ class DeadLetter:
             reason = f"{reason} (entry of {len(self.raw)} bytes, first {MAX_RAW_BYTES} kept)"
             object.__setattr__(self, "raw", self.raw[:MAX_RAW_BYTES])
         object.__setattr__(self, "reason", _cut(reason))
-        object.__setattr__(self, "attempts", tuple(self.attempts)[-MAX_ATTEMPTS:])
+        object.__setattr__(
+            self,
+            "attempts",
+            tuple(replace(a, error=_cut(a.error)) for a in tuple(self.attempts)[-MAX_ATTEMPTS:]),
+        )
 
 
 def letter_id_for(session_id: str, turn_id: str | None, source_id: str) -> str:

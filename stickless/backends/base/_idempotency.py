@@ -31,11 +31,49 @@ class Reservation:
     #: True when an IN_FLIGHT reservation is past its staleness bound (store clock).
     stale: bool = False
     outcome: Outcome | None = None
+    #: The attempt started last (0: none recorded; a turn run by its submitter is attempt 1
+    #: without a write, so a held reservation at 0 runs attempt 1).
+    attempt: int = 0
+    #: Earlier attempts that did not answer (lost with their holder, or failed and retried).
+    history: tuple[AttemptRecord, ...] = ()
+    #: True when the message has a durable copy in the session's pending set, so a successor
+    #: can run it again.
+    durable: bool = False
 
 
-class HolderTakeover(enum.Enum):
-    WON = "WON"
-    REJECTED = "REJECTED"
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """One attempt of a turn that did not answer: lost with its holder, or failed and retried."""
+
+    attempt: int
+    node: str
+    error: str
+    #: Store clock seconds when the attempt was given up.
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Takeover:
+    """The answer of `acquire_holder`: won (the attempt this holder runs), come back later, or
+    rejected (neither)."""
+
+    #: The attempt this holder now runs (0: not won).
+    attempt: int = 0
+    #: Not won yet: ask again after this many seconds (a retry's backoff is not over, or the
+    #: holder of the running attempt may still answer).
+    wait: float = 0.0
+    #: Won from a holder that stopped answering: the attempt that holder lost (0: none), and
+    #: that holder.
+    lost: int = 0
+    lost_by: str = ""
+
+    @property
+    def won(self) -> bool:
+        return self.attempt > 0
+
+
+#: The take-over that neither won nor may be asked again.
+REJECTED = Takeover()
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,11 +108,70 @@ class IdempotencyStore(Protocol):
         ...
 
     async def acquire_holder(
-        self, session_id: str, key: str, turn_id: str, holder: str, secondary_ttl: float
-    ) -> HolderTakeover:
-        """Take over a holderless IN_FLIGHT reservation made for `turn_id` (REJECTED otherwise,
-        e.g. when a newer attempt with the same key owns it); raising means the outcome is
-        unknown. One `holder` already holding it gets WON again, so the call may be retried."""
+        self,
+        session_id: str,
+        key: str,
+        turn_id: str,
+        holder: str,
+        secondary_ttl: float,
+        *,
+        message_id: str | None = None,
+        steal_below: int = 0,
+    ) -> Takeover:
+        """Take over a holderless IN_FLIGHT reservation made for `turn_id` as its next attempt
+        (REJECTED otherwise, e.g. when a newer turn with the same key owns it); raising means
+        the answer is unknown. One `holder` already holding it wins the same attempt again, so
+        the call may be retried. A retry whose backoff is not over answers `wait`.
+
+        `message_id` names the message's durable copy in the pending set (recorded, so a later
+        holder may run it again). With `steal_below` > 0, a reservation of this turn held by
+        another node whose attempt is below it and which has a durable copy is taken from that
+        holder once it is stale (`lost` names the attempt it lost), and answers `wait` until
+        then."""
+        ...
+
+    async def requeue_lost(
+        self,
+        session_id: str,
+        key: str,
+        turn_id: str,
+        holder: str,
+        reason: str,
+        max_attempts: int,
+        forward_ttl: float,
+    ) -> int:
+        """Give a lost attempt's turn back for a next attempt: if IN_FLIGHT for `turn_id`, held
+        by `holder`, with a durable copy and its attempt below `max_attempts`, make it
+        holderless (stale after `forward_ttl`, with the attempt in its history) and return the
+        attempt lost; 0 otherwise. The same call made again returns the same attempt."""
+        ...
+
+    async def hold(
+        self, session_id: str, key: str, turn_id: str, holder: str, token: int, envelope: bytes
+    ) -> str | None:
+        """Keep a durable copy of a turn its submitter runs (IN_FLIGHT for `turn_id`, held by
+        `holder`) in the session's pending set under lease `token`, so a successor can run it
+        again; its message id, or None when the reservation is not so held."""
+        ...
+
+    async def schedule_retry(
+        self,
+        session_id: str,
+        key: str,
+        turn_id: str,
+        holder: str,
+        token: int,
+        envelope: bytes,
+        attempt: int,
+        reason: str,
+        delay: float,
+        forward_ttl: float,
+    ) -> str | None:
+        """Schedule the next attempt of a failed one as one step: if IN_FLIGHT for `turn_id`,
+        held by `holder` at `attempt`, record the attempt in the history, make the reservation
+        holderless and not to be taken over for `delay` seconds (stale `forward_ttl` after
+        that), and keep the message in the pending set under `token`; its message id, or None
+        when refused. The same call made again returns the same id."""
         ...
 
     async def release_holder(
@@ -91,10 +188,13 @@ class IdempotencyStore(Protocol):
         outcome: Outcome,
         primary_ttl: float,
         commit: StagedCommit | None = None,
+        attempt: int | None = None,
     ) -> bool:
         """Record the outcome (DONE when final, else FAILED) and append `commit`'s entries to
         the session's transcript, as one atomic step, if the reservation is IN_FLIGHT for
         `outcome.turn_id` and held by `holder` or by nobody; False otherwise (nothing written).
+        The outcome of an attempt (`attempt` given) is recorded only while `holder` holds the
+        reservation at that attempt: a stale attempt's answer is refused.
 
         So a turn's entries are committed if and only if its outcome is the reservation's: an
         outcome decided elsewhere first (a holder-loss reset) refuses the commit. Running the

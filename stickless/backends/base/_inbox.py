@@ -34,13 +34,29 @@ class UnreadableEntry:
 
 @dataclass(frozen=True, slots=True)
 class CollectedBatch:
-    """What one collect removed, readable entries sorted priority-then-FIFO."""
+    """What one collect removed, readable entries sorted priority-then-FIFO, and how many of
+    them (readable or not) came out of the pending set instead of the queue."""
 
     messages: list[InboundMessage] = field(default_factory=list)
     unreadable: list[UnreadableEntry] = field(default_factory=list)
+    #: Entries taken over from older leases: a previous holder collected them, never answered.
+    redelivered: int = 0
+    #: Entries taken back under the collecting lease itself (`reclaim_own`, a collect in doubt).
+    reclaimed: int = 0
 
     def __bool__(self) -> bool:
         return bool(self.messages or self.unreadable)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingStats:
+    """One session's inbox backlog: queued (not collected) entries, pending (collected, not
+    acknowledged) entries, and the store-clock seconds since the oldest pending one was last
+    moved under a lease (None when nothing is pending)."""
+
+    queued: int = 0
+    pending: int = 0
+    oldest_idle: float | None = None
 
 
 def sort_messages(messages: list[InboundMessage]) -> list[InboundMessage]:
@@ -49,7 +65,11 @@ def sort_messages(messages: list[InboundMessage]) -> list[InboundMessage]:
 
 
 def decode_entries(
-    session_id: str, entries: Iterable[tuple[str, object, object]]
+    session_id: str,
+    entries: Iterable[tuple[str, object, object]],
+    *,
+    redelivered: int = 0,
+    reclaimed: int = 0,
 ) -> CollectedBatch:
     """Decode removed inbox entries `(message id, stored bytes, stored arrival time)` one by one.
 
@@ -58,7 +78,8 @@ def decode_entries(
     exception at all) turns only that entry into an `UnreadableEntry`, addressable by whatever
     turn id and key could be read; this never raises, because the entries are already out of the
     store. Each unreadable entry is logged once (session and entry id, never the payload).
-    The arrival time becomes `enqueued_at` of an envelope delivered without one.
+    The arrival time becomes `enqueued_at` of an envelope delivered without one; the counts of
+    entries that came out of the pending set are the store's, passed through.
     """
     messages: list[InboundMessage] = []
     unreadable: list[UnreadableEntry] = []
@@ -76,7 +97,7 @@ def decode_entries(
             )
             turn_id, key = _salvage(data)
             unreadable.append(UnreadableEntry(message_id, turn_id, key, reason))
-    return CollectedBatch(sort_messages(messages), unreadable)
+    return CollectedBatch(sort_messages(messages), unreadable, redelivered, reclaimed)
 
 
 def _decode_entry(data: object, arrived: object) -> Envelope:
@@ -141,8 +162,10 @@ class Inbox(Protocol):
         set under lease `token` and return them, decoded per entry. A full collect (`max_priority`
         LATER) also returns, moved under `token`, the pending entries of older leases (a holder
         that stopped before acknowledging them) and, with `reclaim_own`, those already under
-        `token` (after a collect whose reply never arrived). An entry leaves the pending set only
-        by `ack` or `purge`, so nothing collected is lost."""
+        `token` (after a collect whose reply never arrived); the batch counts both kinds
+        (`redelivered`, `reclaimed`). Every entry moved is stamped with the store clock (its
+        pending idle time starts again). An entry leaves the pending set only by `ack` or
+        `purge`, so nothing collected is lost."""
         ...
 
     async def ack(self, session_id: str, token: int, message_ids: Sequence[str]) -> None:
@@ -159,4 +182,9 @@ class Inbox(Protocol):
 
     async def pending_sessions(self, older_than: float) -> list[str]:
         """Sessions with a message queued for more than `older_than` seconds (store clock)."""
+        ...
+
+    async def pending_stats(self, session_ids: Sequence[str]) -> dict[str, PendingStats]:
+        """The backlog of each session (every id answered, empty ones with zeros), in one store
+        round trip however many sessions are asked for."""
         ...

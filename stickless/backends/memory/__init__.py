@@ -3,10 +3,10 @@
 from ._bundle import MemoryBackends
 from ._dead_letters import MemoryDeadLetterStore
 from ._eventlog import MemoryEventLog
+from ._idempotency import MemoryIdempotencyStore
 from ._inbox import MemoryInbox
 from ._signals import MemorySignalBus, MemorySubscription
 from ._stores import (
-    MemoryIdempotencyStore,
     MemoryLeaseStore,
     MemoryRecordStore,
 )

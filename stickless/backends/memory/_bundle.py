@@ -19,11 +19,11 @@ from ..base import (
 )
 from ._dead_letters import MemoryDeadLetterStore
 from ._eventlog import MemoryEventLog
+from ._idempotency import MemoryIdempotencyStore
 from ._inbox import MemoryInbox
 from ._shared import Link, State
 from ._signals import MemorySignalBus
 from ._stores import (
-    MemoryIdempotencyStore,
     MemoryLeaseStore,
     MemoryRecordStore,
 )

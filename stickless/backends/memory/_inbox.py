@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 
 from ..._types import Priority
 from ...wire import (
@@ -11,15 +12,23 @@ from ...wire import (
 )
 from ..base import (
     CollectedBatch,
+    PendingStats,
     decode_entries,
 )
 from ._shared import InboxRow, Link, State
 from ._stores import live_lease
 
 
-def _decode_rows(session_id: str, rows: list[InboxRow]) -> CollectedBatch:
+def _decode_rows(
+    session_id: str, rows: list[InboxRow], redelivered: int = 0, reclaimed: int = 0
+) -> CollectedBatch:
     """Decode removed rows one by one (see `base.decode_entries`)."""
-    return decode_entries(session_id, ((row.message_id, row.data, row.arrived_at) for row in rows))
+    return decode_entries(
+        session_id,
+        ((row.message_id, row.data, row.arrived_at) for row in rows),
+        redelivered=redelivered,
+        reclaimed=reclaimed,
+    )
 
 
 class MemoryInbox:
@@ -52,6 +61,7 @@ class MemoryInbox:
         (a full collect also takes over older leases' pending entries, and this lease's with
         `reclaim_own`), then decode per entry."""
         with self._link.open() as state:
+            now = state.clock()
             tiers = state.inbox.get(session_id, {})
             rows: list[InboxRow] = []
             for priority in sorted(tiers):
@@ -60,16 +70,20 @@ class MemoryInbox:
             if not tiers:
                 state.inbox.pop(session_id, None)
             by_token = state.pending.setdefault(session_id, {})
-            mine = by_token.setdefault(token, {})
+            redelivered = reclaimed = 0
             if max_priority is Priority.LATER:
                 limit = token if reclaim_own else token - 1
                 for older in sorted(t for t in by_token if t <= limit):
-                    left = by_token[older] if older == token else by_token.pop(older)
+                    left = by_token.pop(older)
                     rows.extend(left.values())
-                    mine.update(left)
-            mine.update((row.message_id, row) for row in rows)
+                    if older == token:
+                        reclaimed = len(left)
+                    else:
+                        redelivered += len(left)
+            mine = by_token.setdefault(token, {})
+            mine.update((row.message_id, replace(row, taken_at=now)) for row in rows)
             _forget_empty_pending(state, session_id, token)
-        return _decode_rows(session_id, rows)
+        return _decode_rows(session_id, rows, redelivered, reclaimed)
 
     async def ack(self, session_id: str, token: int, message_ids: Sequence[str]) -> None:
         """Drop answered entries from the pending set."""
@@ -112,6 +126,23 @@ class MemoryInbox:
                 if session_id not in state.inbox and live_lease(state, session_id, now) is None
             ]
             return queued + left
+
+    async def pending_stats(self, session_ids: Sequence[str]) -> dict[str, PendingStats]:
+        """Count each session's queued and pending rows and age its oldest pending one."""
+        with self._link.open() as state:
+            now = state.clock()
+            stats: dict[str, PendingStats] = {}
+            for session_id in session_ids:
+                queued = sum(len(q) for q in state.inbox.get(session_id, {}).values())
+                pending = [
+                    row
+                    for rows in state.pending.get(session_id, {}).values()
+                    for row in rows.values()
+                ]
+                oldest = min((row.taken_at for row in pending), default=None)
+                idle = None if oldest is None else max(0.0, now - oldest)
+                stats[session_id] = PendingStats(queued, len(pending), idle)
+            return stats
 
 
 def _forget_empty_pending(state: State, session_id: str, token: int) -> None:

@@ -12,7 +12,7 @@ from typing import Protocol
 
 from ..._errors import BackendUnavailableError
 from ..._types import Priority
-from ..base import ReservationState
+from ..base import AttemptRecord, ReservationState
 
 
 class LinkedSubscription(Protocol):
@@ -48,11 +48,13 @@ class RecordRow:
 
 @dataclass(frozen=True, slots=True)
 class InboxRow:
-    """A stored inbox entry: its id, arrival time (store clock) and encoded envelope."""
+    """A stored inbox entry: its id, arrival time (store clock), encoded envelope, and when a
+    collect last moved it under a lease (0 while queued)."""
 
     message_id: str
     arrived_at: float
     data: bytes
+    taken_at: float = 0.0
 
 
 @dataclass(slots=True)
@@ -67,6 +69,12 @@ class ReservationRow:
     stale_at: float
     expires_at: float
     outcome: bytes | None = None
+    attempt: int = 0
+    history: list[AttemptRecord] = field(default_factory=list)
+    #: Message id of the durable copy in the pending set (None: none recorded).
+    pending: str | None = None
+    #: A scheduled retry is not taken over before this store-clock time.
+    due_at: float = 0.0
 
 
 class State:

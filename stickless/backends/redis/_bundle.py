@@ -110,7 +110,9 @@ class RedisBackends:
             float(pool_options["socket_timeout"] or DEFAULT_SOCKET_TIMEOUT),
         )
         self.signals = self._signals
-        self.idempotency = RedisIdempotencyStore(self.client, scripts, self.keys)
+        self.idempotency = RedisIdempotencyStore(
+            self.client, scripts, self.keys, retention.inbox_ttl
+        )
         self.events = RedisEventLog(
             self.client, scripts, self.keys, retention.event_log_max_len, retention.event_log_ttl
         )

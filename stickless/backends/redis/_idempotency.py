@@ -6,21 +6,26 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from redis.asyncio import Redis
+
 from ...wire import (
     Outcome,
     pack,
+    unpack,
 )
 from ..base import (
+    REJECTED,
+    AttemptRecord,
     FencedOut,
-    HolderTakeover,
     Reservation,
     ReservationRef,
     ReservationState,
     StagedCommit,
+    Takeover,
 )
-from ._keys import parse_reservation_member, reservation_member
-from ._role import _SCAN_BATCH, _SCAN_ROUNDS, _keep_index, _num, _Role, _text
-from ._scripts import Call, run_batch
+from ._keys import Keys, parse_reservation_member, reservation_member
+from ._role import _SCAN_BATCH, _SCAN_ROUNDS, _keep_index, _ms, _num, _Role, _text
+from ._scripts import Call, Scripts, run_batch
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +35,7 @@ logger = logging.getLogger(__name__)
 def _reservation(session_id: str, key: str, reply: Sequence[Any]) -> Reservation:
     """The public value of a reservation reply (see `reservation_reply` in the Lua prelude)."""
     turn, input_hash, has_holder, holder, state, touched, stale, outcome = reply[:8]
+    attempt, history, pending = reply[9:12]
     return Reservation(
         session_id=session_id,
         key=key,
@@ -40,6 +46,19 @@ def _reservation(session_id: str, key: str, reply: Sequence[Any]) -> Reservation
         touched_at=float(touched),
         stale=bool(int(stale)),
         outcome=Outcome.decode(outcome) if outcome else None,
+        attempt=int(attempt),
+        history=_history(history),
+        durable=bool(pending),
+    )
+
+
+def _history(packed: Any) -> tuple[AttemptRecord, ...]:
+    """The attempt history of a reservation reply (packed [attempt, node, reason, at] lists)."""
+    if not packed:
+        return ()
+    return tuple(
+        AttemptRecord(int(attempt), _text(node), _text(reason), float(_text(at)))
+        for attempt, node, reason, at in unpack(bytes(packed))
     )
 
 
@@ -60,7 +79,14 @@ class RedisIdempotencyStore(_Role):
     each member against its hash and drops dead ones. It expires twice the staleness TTL after
     the holder's last reservation, take-over or touch (same pipelines): by then every instance
     it lists is stale anyway, so a dead holder's index goes away by itself.
+
+    A message that may run again has a durable copy in the session's pending set (same slot),
+    written by `hold` or `schedule_retry` under the inbox's pending TTL.
     """
+
+    def __init__(self, client: Redis, scripts: Scripts, keys: Keys, pending_ttl: float) -> None:
+        super().__init__(client, scripts, keys)
+        self._pending_ttl = pending_ttl
 
     async def put_if_absent(
         self,
@@ -120,9 +146,19 @@ class RedisIdempotencyStore(_Role):
             await self._client.zadd(self._keys.stale_index, lowered, lt=True)
 
     async def acquire_holder(
-        self, session_id: str, key: str, turn_id: str, holder: str, secondary_ttl: float
-    ) -> HolderTakeover:
-        """WON when the reservation was IN_FLIGHT, holderless and for `turn_id`; else REJECTED.
+        self,
+        session_id: str,
+        key: str,
+        turn_id: str,
+        holder: str,
+        secondary_ttl: float,
+        *,
+        message_id: str | None = None,
+        steal_below: int = 0,
+    ) -> Takeover:
+        """The next attempt when the reservation was IN_FLIGHT, holderless and for `turn_id` (or
+        a stale holder's under `steal_below`); `wait` while it may be taken later; else
+        REJECTED.
 
         One round trip: the take-over shortens the staleness deadline, so the index entry is
         made due at once (the scan rescores it) in the script's pipeline, with the holder-index
@@ -138,15 +174,120 @@ class RedisIdempotencyStore(_Role):
             [
                 Call(
                     self._scripts.idem_acquire,
-                    [self._keys.reservation(session_id, key)],
-                    [holder, _num(secondary_ttl), turn_id],
+                    [self._keys.reservation(session_id, key), self._keys.pending(session_id)[0]],
+                    [holder, _num(secondary_ttl), turn_id, message_id or "", steal_below],
                 ),
                 Call(self._scripts.index_lower, [self._keys.stale_index], [member]),
                 Call(None, ["SADD", index, member]),
                 *_keep_index(index, secondary_ttl),
             ],
         )
-        return HolderTakeover.WON if int(reply[0]) else HolderTakeover.REJECTED
+        if int(reply[0]):
+            return Takeover(attempt=int(reply[0]), lost=int(reply[3]), lost_by=_text(reply[4]))
+        return Takeover(wait=float(reply[1])) if len(reply) > 1 else REJECTED
+
+    async def requeue_lost(
+        self,
+        session_id: str,
+        key: str,
+        turn_id: str,
+        holder: str,
+        reason: str,
+        max_attempts: int,
+        forward_ttl: float,
+    ) -> int:
+        """Make a lost attempt's reservation holderless for a next attempt (one script; the
+        holder-index removal follows only when it happened)."""
+        reply = await self._scripts.idem_requeue(
+            keys=[self._keys.reservation(session_id, key), self._keys.pending(session_id)[0]],
+            args=[turn_id, holder, reason, max_attempts, _num(forward_ttl)],
+        )
+        if not int(reply[0]):
+            return 0
+        member = reservation_member(session_id, key, turn_id)
+        await self._client.srem(self._keys.holder_reservations(holder), member)
+        return int(reply[0])
+
+    async def hold(
+        self, session_id: str, key: str, turn_id: str, holder: str, token: int, envelope: bytes
+    ) -> str | None:
+        """Keep the turn's message pending under `token` (see `_park`)."""
+        return await self._park("hold", session_id, key, turn_id, holder, token, envelope)
+
+    async def schedule_retry(
+        self,
+        session_id: str,
+        key: str,
+        turn_id: str,
+        holder: str,
+        token: int,
+        envelope: bytes,
+        attempt: int,
+        reason: str,
+        delay: float,
+        forward_ttl: float,
+    ) -> str | None:
+        """Record the failed attempt and keep the message pending for its next one, not taken
+        over before `delay` (see `_park`)."""
+        return await self._park(
+            "retry",
+            session_id,
+            key,
+            turn_id,
+            holder,
+            token,
+            envelope,
+            attempt,
+            reason,
+            delay,
+            forward_ttl,
+        )
+
+    async def _park(
+        self,
+        mode: str,
+        session_id: str,
+        key: str,
+        turn_id: str,
+        holder: str,
+        token: int,
+        envelope: bytes,
+        attempt: int = 0,
+        reason: str = "",
+        delay: float = 0.0,
+        forward_ttl: float = 0.0,
+    ) -> str | None:
+        """One script writes the pending copy (and, for a retry, the reservation's new state);
+        the pending-sessions index entry rides in its pipeline (NX: an older one is kept), so
+        the orphan scan finds the message should this holder die. A retry's holder-index entry
+        is dropped with it."""
+        keys = self._keys
+        member = reservation_member(session_id, key, turn_id)
+        calls = [
+            Call(
+                self._scripts.idem_park,
+                [keys.reservation(session_id, key), *keys.pending(session_id)],
+                [
+                    mode,
+                    turn_id,
+                    holder,
+                    token,
+                    envelope,
+                    attempt,
+                    reason,
+                    _num(delay),
+                    _num(forward_ttl),
+                    _ms(self._pending_ttl),
+                ],
+            ),
+            Call(None, ["ZADD", keys.pending_index, "NX", "0", session_id]),
+        ]
+        if mode == "retry":
+            calls.append(Call(None, ["SREM", keys.holder_reservations(holder), member]))
+        reply, *_ = await run_batch(self._client, calls)
+        if reply[0] == 0:
+            return None
+        return _text(reply[0])
 
     async def release_holder(
         self, session_id: str, key: str, holder: str, forward_ttl: float
@@ -173,10 +314,12 @@ class RedisIdempotencyStore(_Role):
         outcome: Outcome,
         primary_ttl: float,
         commit: StagedCommit | None = None,
+        attempt: int | None = None,
     ) -> bool:
         """Store the outcome (DONE when final, else FAILED), with `commit`'s entries appended to
         the transcript in the same script, if IN_FLIGHT for its turn and held by `holder` or
-        nobody (a rerun finding its own outcome succeeds without writing).
+        nobody (by `holder` at `attempt` when given; a rerun finding its own outcome succeeds
+        without writing).
 
         One round trip: the index removals ride in the script's pipeline; when the script
         refuses (the instance is someone else's or already finished) the stale-index entry is
@@ -205,6 +348,7 @@ class RedisIdempotencyStore(_Role):
                         state.value,
                         outcome.encode(),
                         _num(primary_ttl),
+                        "" if attempt is None else attempt,
                         *staged,
                     ],
                 ),

@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 
 from ..._types import Priority
 from ...wire import Envelope
-from ..base import CollectedBatch, decode_entries
+from ..base import CollectedBatch, PendingStats, decode_entries
 from ._keys import TIERS, Keys
 from ._role import _SCAN_BATCH, _SCAN_ROUNDS, _ms, _num, _Role, _text
 from ._scripts import Call, Scripts, run_batch
@@ -24,14 +24,25 @@ logger = logging.getLogger(__name__)
 _DELIVERY_MEMORY = 3600
 
 
-def _decode_entries(session_id: str, flat: Sequence[Any]) -> CollectedBatch:
+def _decode_entries(
+    session_id: str, flat: Sequence[Any], redelivered: int, reclaimed: int
+) -> CollectedBatch:
     """Decode taken entries one by one (see `base.decode_entries`); `flat` repeats (message id,
     encoded envelope or None, arrival time as stored or None). The stored fields are handed over
     raw: parsing them is part of the per-entry decode, never of the batch."""
     return decode_entries(
         session_id,
         ((_text(flat[i]), flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)),
+        redelivered=redelivered,
+        reclaimed=reclaimed,
     )
+
+
+def _stats(reply: Sequence[Any]) -> PendingStats:
+    """One session's `inbox_stats` reply as counts and the oldest pending entry's idle time."""
+    now, queued, pending, oldest = reply
+    idle = max(0.0, float(now) - float(oldest)) if _text(oldest) else None
+    return PendingStats(int(queued), int(pending), idle)
 
 
 class RedisInbox(_Role):
@@ -116,7 +127,7 @@ class RedisInbox(_Role):
         # rerun answers the batch the first run took (instead of nothing).
         keys = self._keys
         take_id = uuid.uuid4().hex
-        taken_at, remaining, flat = await self._scripts.inbox_take(
+        taken_at, remaining, flat, redelivered, reclaimed = await self._scripts.inbox_take(
             keys=[
                 *keys.inbox(session_id),
                 keys.take(session_id, take_id),
@@ -133,12 +144,22 @@ class RedisInbox(_Role):
                 )
             except Exception as exc:
                 logger.warning("pending index cleanup for %s failed: %s", session_id, exc)
-        return _decode_entries(session_id, flat)
+        return _decode_entries(session_id, flat, int(redelivered), int(reclaimed))
 
     async def is_empty(self, session_id: str) -> bool:
         """True when nothing is queued or pending for the session."""
         keys = self._keys
         return await self._client.exists(*keys.inbox(session_id), keys.pending(session_id)[0]) == 0
+
+    async def pending_stats(self, session_ids: Sequence[str]) -> dict[str, PendingStats]:
+        """Each session's backlog: one `inbox_stats` script per session (each in its own slot),
+        all in one pipelined round trip."""
+        keys, wanted = self._keys, list(dict.fromkeys(session_ids))
+        replies = await run_batch(
+            self._client,
+            [Call(self._scripts.inbox_stats, [*keys.inbox(s), *keys.pending(s)]) for s in wanted],
+        )
+        return {s: _stats(reply) for s, reply in zip(wanted, replies, strict=True)}
 
     async def pending_sessions(self, older_than: float) -> list[str]:
         """Sessions whose oldest queued entry arrived more than `older_than` seconds ago, or

@@ -78,7 +78,8 @@ class Keys:
     def pending(self, session_id: str) -> list[str]:
         """The pending set of collected, unacknowledged entries: a sorted set of message ids
         scored by the lease token that holds them, and a hash of each one's packed {envelope,
-        arrival}; both expire `inbox_ttl` after their last write."""
+        arrival, taken} (`taken`: when a collect last moved it under a token; absent from
+        entries written before it existed); both expire `inbox_ttl` after their last write."""
         tag = self.tag(session_id)
         return [f"{tag}:pending:ids", f"{tag}:pending:entries"]
 

@@ -45,12 +45,47 @@ end
 -- A reservation hash as a table, or nil when missing or past its primary TTL.
 local function load_reservation(key, t)
   local v = redis.call('HMGET', key, 'turn', 'hash', 'holder', 'state', 'touched', 'stale', 'exp',
-    'outcome')
+    'outcome', 'attempt', 'history', 'pending', 'due')
   if not v[4] or tonumber(v[7]) <= t then
     return nil
   end
   return {turn = v[1], hash = v[2], holder = v[3], state = v[4], touched = v[5], stale = v[6],
-    outcome = v[8]}
+    outcome = v[8], attempt = tonumber(v[9] or '0'), history = v[10], pending = v[11],
+    due = tonumber(v[12] or '0')}
+end
+
+-- The number of a reservation's held attempt: one run by its submitter is 1 without a write.
+local function held_attempt(r)
+  return math.max(r.attempt, 1)
+end
+
+-- True when the held attempt of r is below `below` and its message is still pending.
+local function may_run_again(r, pending_ids, below)
+  return held_attempt(r) < below and r.pending and
+    redis.call('ZSCORE', pending_ids, r.pending) ~= false
+end
+
+-- Record r's held attempt in its history as given up ({attempt, node, reason, at}); its number.
+local function give_up_attempt(key, r, reason, t)
+  local history = {}
+  if r.history then
+    history = cmsgpack.unpack(r.history)
+  end
+  local lost = held_attempt(r)
+  table.insert(history, {lost, r.holder or '', reason, fmt(t)})
+  r.history = cmsgpack.pack(history)
+  r.attempt = lost
+  redis.call('HSET', key, 'attempt', lost, 'history', r.history)
+  return lost
+end
+
+-- The last history entry of r as {attempt, node}, or nil.
+local function last_attempt(r)
+  if not r.history then
+    return nil
+  end
+  local history = cmsgpack.unpack(r.history)
+  return history[#history]
 end
 
 -- The flat reply every reservation read returns (see _stores._reservation).
@@ -64,7 +99,7 @@ local function reservation_reply(r, t)
     has_holder = 1
   end
   return {r.turn, r.hash, has_holder, r.holder or '', r.state, r.touched, stale, r.outcome or '',
-    r.stale}
+    r.stale, r.attempt, r.history or '', r.pending or ''}
 end
 
 -- XINFO STREAM of a stream as a table of its fields ('last-generated-id', ...).

@@ -1,14 +1,36 @@
--- KEYS: reservation hash. ARGV: holder, secondary ttl, turn id.
--- Reply: {1, turn, stale deadline} when a holderless IN_FLIGHT one made for that turn was taken
--- (or was already taken by this holder: a rerun after a lost reply), else {0}.
+-- KEYS: reservation hash, pending ids. ARGV: holder, secondary ttl, turn id, the message's
+-- pending id ('' for none), attempt below which a stale holder's attempt is run again (0: never).
+-- Takes a holderless IN_FLIGHT reservation made for that turn as its next attempt (a rerun after
+-- a lost reply finds it taken by this holder: the same attempt), or, with ARGV[5], one held by
+-- a holder that stopped answering.
+-- Reply: {attempt, turn, stale deadline, attempt lost, its holder} when taken; {0, seconds to wait} when it
+-- may be taken later (a retry's backoff, a holder not stale yet); {0} when refused.
 local t = now()
 local r = load_reservation(KEYS[1], t)
 if not r or r.state ~= 'IN_FLIGHT' or r.turn ~= ARGV[3] then
   return {0}
 end
-if r.holder and r.holder ~= ARGV[1] then
+if r.holder == ARGV[1] then
+  return {held_attempt(r), r.turn, r.stale, 0, ''}
+end
+local lost, lost_by = 0, ''
+if not r.holder then
+  if r.due > t then
+    return {0, fmt(r.due - t)}
+  end
+elseif may_run_again(r, KEYS[2], tonumber(ARGV[5])) then
+  if tonumber(r.stale) >= t then
+    return {0, fmt(tonumber(r.stale) - t)}
+  end
+  lost, lost_by = give_up_attempt(KEYS[1], r, 'holder stopped answering', t), r.holder
+else
   return {0}
 end
+local attempt = r.attempt + 1
 local stale = fmt(t + tonumber(ARGV[2]))
-redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'touched', fmt(t), 'stale', stale)
-return {1, r.turn, stale}
+redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'touched', fmt(t), 'stale', stale,
+  'attempt', attempt, 'due', '0')
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[1], 'pending', ARGV[4])
+end
+return {attempt, r.turn, stale, lost, lost_by}

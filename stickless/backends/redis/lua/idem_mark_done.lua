@@ -1,9 +1,9 @@
 -- KEYS: reservation hash, record hash, transcript list.
--- ARGV: holder, turn, state (DONE or FAILED), outcome, primary ttl, commit token ('' for none),
--- packed entries...
+-- ARGV: holder, turn, state (DONE or FAILED), outcome, primary ttl, the attempt that answers
+-- ('' for a turn that never started), commit token ('' for none), packed entries...
 -- Records the outcome, and appends the turn's entries under the token, in one step: only if the
 -- reservation is IN_FLIGHT for that turn, held by holder or nobody, and the token is not older
--- than the record's fence. Safe to run twice: a run that finds its own outcome already recorded
+-- than the record's fence; an attempt's answer only while the holder holds that attempt. Safe to run twice: a run that finds its own outcome already recorded
 -- for the turn reports success and writes nothing.
 -- Reply: {1} recorded, {0} refused (not this turn's in-flight reservation), {2, fence} fenced out.
 local t = now()
@@ -13,9 +13,9 @@ if r and r.turn == ARGV[2] and r.state ~= 'IN_FLIGHT' and r.outcome == ARGV[4] t
   return {1}
 end
 -- A fenced-out commit is reported next: its holder has lost the session and must know.
-if ARGV[6] ~= '' then
+if ARGV[7] ~= '' then
   local fence = redis.call('HGET', KEYS[2], 'fence')
-  if not fence or tonumber(ARGV[6]) < tonumber(fence) then
+  if not fence or tonumber(ARGV[7]) < tonumber(fence) then
     return {2, fence or ''}
   end
 end
@@ -25,9 +25,12 @@ end
 if r.holder and r.holder ~= ARGV[1] then
   return {0}
 end
-if ARGV[6] ~= '' then
+if ARGV[6] ~= '' and (not r.holder or held_attempt(r) ~= tonumber(ARGV[6])) then
+  return {0}
+end
+if ARGV[7] ~= '' then
   local batch = 1000
-  for first = 7, #ARGV, batch do
+  for first = 8, #ARGV, batch do
     redis.call('RPUSH', KEYS[3], unpack(ARGV, first, math.min(first + batch - 1, #ARGV)))
   end
 end

@@ -1,23 +1,26 @@
 -- KEYS: the session's tier streams (NOW, NEXT, LATER), this take's key, the pending ids (sorted
 -- set: message id by lease token) and the pending entries (hash: message id -> packed
--- {envelope, arrival}).
+-- {envelope, arrival, taken}; `taken` is when a take last moved the entry under a token, and an
+-- entry written before that field existed has only the first two).
 -- ARGV: highest tier index to take, seconds the take is remembered, lease token, highest token
 -- whose pending entries are taken over too (-1: none), ms the pending set lives after a write,
 -- 1 to purge (everything is removed, nothing is kept pending).
 -- Moves every entry of tiers 0..ARGV[1] into the pending set under the token (the streams are
--- deleted whole) together with the pending entries of tokens up to ARGV[4]. The reply is kept
--- under this take's key, so the same call run again after a lost reply answers the very same
--- batch instead of an empty one.
+-- deleted whole) together with the pending entries of tokens up to ARGV[4], stamping each with
+-- the server clock. The reply is kept under this take's key, so the same call run again after a
+-- lost reply answers the very same batch instead of an empty one.
 -- Reply: {now, how many of the tiers and the pending set still hold entries, {message id,
--- envelope, arrival, ...}}; a field the
--- entry lacks (or a pending entry whose payload is gone) comes back as nil, for the caller to
--- report that entry unreadable.
+-- envelope, arrival, ...}, entries taken over from older tokens, entries taken back under the
+-- token itself}; a field the entry lacks (or a pending entry whose payload is gone) comes back
+-- as nil, for the caller to report that entry unreadable.
 local kept = redis.call('GET', KEYS[4])
 if kept then
   return cmsgpack.unpack(kept)
 end
 local token, purge = ARGV[3], ARGV[6] == '1'
+local taken = fmt(now())
 local out = {}
+local redelivered, reclaimed = 0, 0
 local function add(id, data, arrived)
   table.insert(out, id)
   table.insert(out, data)
@@ -25,14 +28,24 @@ local function add(id, data, arrived)
 end
 local reclaim = tonumber(ARGV[4])
 if purge or reclaim >= 0 then
-  local ids = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', purge and '+inf' or reclaim)
-  for _, id in ipairs(ids) do
+  local held = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', purge and '+inf' or reclaim,
+    'WITHSCORES')
+  for k = 1, #held, 2 do
+    local id = held[k]
+    if purge then
+      -- a purge answers what it removed: nothing is delivered again
+    elseif tonumber(held[k + 1]) == tonumber(token) then
+      reclaimed = reclaimed + 1
+    else
+      redelivered = redelivered + 1
+    end
     local packed = redis.call('HGET', KEYS[6], id)
     if packed then
       local entry = cmsgpack.unpack(packed)
       add(id, entry[1], entry[2])
       if not purge then
         redis.call('ZADD', KEYS[5], token, id)
+        redis.call('HSET', KEYS[6], id, cmsgpack.pack({entry[1], entry[2], taken}))
       end
     else
       add(id, false, false)
@@ -56,7 +69,7 @@ for i = 1, tonumber(ARGV[1]) + 1 do
     add(id, data, arrived)
     if not purge then
       redis.call('ZADD', KEYS[5], token, id)
-      redis.call('HSET', KEYS[6], id, cmsgpack.pack({data, arrived}))
+      redis.call('HSET', KEYS[6], id, cmsgpack.pack({data, arrived, taken}))
     end
   end
   if #entries > 0 then
@@ -69,7 +82,8 @@ elseif #out > 0 then
   redis.call('PEXPIRE', KEYS[5], ARGV[5])
   redis.call('PEXPIRE', KEYS[6], ARGV[5])
 end
-local reply = {fmt(now()), redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[5]), out}
+local reply = {taken, redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[5]), out, redelivered,
+  reclaimed}
 if #out > 0 then
   redis.call('SET', KEYS[4], cmsgpack.pack(reply), 'EX', ARGV[2])
 end

@@ -1,0 +1,101 @@
+"""How a turn's agent task ends: an outcome to record, or another attempt (retry policy)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from .._errors import FailureCode
+from .._events import Event, Interrupted, TurnCompleted, TurnFailed
+from .._session import TurnContext
+from .._types import TurnOutput
+from ..backends.base import Lease, StagedCommit
+from ..wire import Outcome
+from ._host import ActorHost
+from ._relay import EventRelay
+from ._unrun import failed, failure
+from ._work import TurnWork
+
+log = logging.getLogger("stickless.actor")
+
+
+@dataclass
+class RunningTurn:
+    """The turn in progress: its work, context, relay and agent task."""
+
+    work: TurnWork
+    context: TurnContext
+    relay: EventRelay
+    task: asyncio.Task[TurnOutput] | None = None
+    interrupt_code: FailureCode | None = None
+    interrupt_reason: str = ""
+    #: NOW messages the agent accepted into this turn; they get this turn's outcome.
+    joined: list[TurnWork] = field(default_factory=list)
+    #: Set once the agent task ended: no message joins the turn after that.
+    concluded: bool = False
+
+
+def retryable(
+    host: ActorHost, work: TurnWork, task: asyncio.Task[TurnOutput], joined: bool
+) -> BaseException | None:
+    """The agent error to run the turn again for, or None: the policy retries it and attempts
+    are left. A turn NOW messages joined is not run again (they joined this attempt)."""
+    policy = host.config.retry
+    if policy is None or joined or task.cancelled():
+        return None
+    error = task.exception()
+    if error is None or not policy.retries(error):
+        return None
+    return error if max(work.attempt, 1) < policy.max_attempts else None
+
+
+async def schedule(host: ActorHost, work: TurnWork, token: int, error: BaseException) -> bool:
+    """Schedule the next attempt after the policy's delay; True when it is scheduled (the work
+    is then unowned and pending, for this node or a successor to take over when due)."""
+    policy = host.config.retry
+    assert policy is not None
+    reason = f"{type(error).__name__}: {error}"
+    return await host.schedule_retry(work, token, reason, policy.delay(max(work.attempt, 1)))
+
+
+def retrying_frame(work: TurnWork, error: BaseException, node: str) -> TurnFailed:
+    """The frame ending a failed attempt that runs again (not the turn's end)."""
+    message = f"{type(error).__name__}: {error}"
+    return TurnFailed(message=message, executed_by=node, retrying=True)
+
+
+def conclude(
+    host: ActorHost, running: RunningTurn, task: asyncio.Task[TurnOutput], lease: Lease | None
+) -> tuple[Outcome, Event, StagedCommit | None, bool]:
+    """The agent task's end as an outcome, a terminal frame, on success the staged entries to
+    commit with the outcome under `lease`, and whether the lease turned out lost."""
+    work = running.work
+    node = host.node_id
+    if running.interrupt_code is not None:
+        code, reason = running.interrupt_code, running.interrupt_reason
+        frame = Interrupted(reason=reason, executed_by=node)
+        return failure(work, code, reason, node), frame, None, False
+    if task.cancelled():
+        return (*failed(work, FailureCode.FAILED, "turn task cancelled", node), None, False)
+    error = task.exception()
+    if error is not None:
+        log.warning("turn %s of %s failed: %r", work.turn_id, work.session_id, error)
+        message = f"{type(error).__name__}: {error}"
+        return (*failed(work, FailureCode.FAILED, message, node), None, False)
+    output = task.result()
+    if not isinstance(output, TurnOutput):
+        message = "run_turn must return TurnOutput"
+        return (*failed(work, FailureCode.FAILED, message, node), None, False)
+    commit = None
+    staged = running.context.transcript.staged
+    if staged:
+        if lease is None or not host.holds_lease(work.session_id, lease.token):
+            message = "lease lost before commit"
+            return (*failed(work, FailureCode.LEASE_LOST, message, node), None, True)
+        commit = StagedCommit(lease.token, tuple(staged))
+    outcome = Outcome(
+        turn_id=work.turn_id, ok=True, executed_by=node, text=output.text, data=output.data
+    )
+    completed = TurnCompleted(text=output.text, data=output.data, executed_by=node)
+    return outcome, completed, commit, False

@@ -1,0 +1,381 @@
+"""In-memory idempotency reservations: holder, staleness, attempts and outcome per key."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ...wire import Outcome, pack
+from ..base import (
+    REJECTED,
+    AttemptRecord,
+    FencedOut,
+    Reservation,
+    ReservationRef,
+    ReservationState,
+    StagedCommit,
+    Takeover,
+)
+from ._shared import InboxRow, Link, ReservationRow, State
+
+#: How far before "now" `expire_holder` puts a staleness deadline: staleness means strictly past
+#: the deadline, and one microsecond is the finest time the Redis store keeps.
+STALE_NOW_MARGIN = 1e-6
+
+
+def _live_reservation(state: State, session_id: str, key: str, now: float) -> ReservationRow | None:
+    """The reservation unless past its primary TTL (then dropped, as a key TTL would)."""
+    row = state.reservations.get((session_id, key))
+    if row is not None and row.expires_at <= now:
+        del state.reservations[(session_id, key)]
+        return None
+    return row
+
+
+def _held_by(row: ReservationRow, holder: str | None) -> bool:
+    """True when the reservation is IN_FLIGHT and held by `holder` (None: holderless)."""
+    return row.state is ReservationState.IN_FLIGHT and row.holder == holder
+
+
+def _view(session_id: str, key: str, row: ReservationRow, now: float) -> Reservation:
+    """The public value of a stored reservation, outcome decoded, staleness by the store clock."""
+    return Reservation(
+        session_id=session_id,
+        key=key,
+        turn_id=row.turn_id,
+        input_hash=row.input_hash,
+        holder=row.holder,
+        state=row.state,
+        touched_at=row.touched_at,
+        stale=row.state is ReservationState.IN_FLIGHT and now > row.stale_at,
+        outcome=None if row.outcome is None else Outcome.decode(row.outcome),
+        attempt=row.attempt,
+        history=tuple(row.history),
+        durable=row.pending is not None,
+    )
+
+
+def _may_steal(state: State, session_id: str, row: ReservationRow, below: int) -> bool:
+    """True when a held attempt below `below` may be run again: its message is still pending."""
+    if max(row.attempt, 1) >= below or row.pending is None:
+        return False
+    return any(row.pending in rows for rows in state.pending.get(session_id, {}).values())
+
+
+def _give_up_attempt(row: ReservationRow, reason: str, now: float) -> int:
+    """Record the held attempt in the history as given up; its number."""
+    row.attempt = max(row.attempt, 1)
+    row.history.append(AttemptRecord(row.attempt, row.holder or "", reason, now))
+    return row.attempt
+
+
+def _keep_pending(
+    state: State,
+    session_id: str,
+    row: ReservationRow,
+    token: int,
+    envelope: bytes,
+    now: float,
+    turn_id: str,
+) -> str:
+    """Put the message under `token` in the pending set (its recorded copy, else a new one)."""
+    by_token = state.pending.setdefault(session_id, {})
+    message_id = row.pending or f"held:{turn_id}"
+    for rows in by_token.values():
+        rows.pop(message_id, None)
+    by_token.setdefault(token, {})[message_id] = InboxRow(message_id, now, envelope, now)
+    for older in [t for t, rows in by_token.items() if not rows]:
+        del by_token[older]
+    return message_id
+
+
+class MemoryIdempotencyStore:
+    """Reservations per (session, key) with holder, staleness deadline and encoded outcome."""
+
+    def __init__(self, link: Link) -> None:
+        self._link = link
+
+    async def put_if_absent(
+        self,
+        session_id: str,
+        key: str,
+        turn_id: str,
+        input_hash: str,
+        holder: str,
+        secondary_ttl: float,
+        primary_ttl: float,
+    ) -> Reservation | None:
+        """Reserve the key unless an IN_FLIGHT or DONE reservation exists (then return it); the
+        same call made again finds its own reservation and succeeds."""
+        with self._link.open() as state:
+            now = state.clock()
+            row = _live_reservation(state, session_id, key, now)
+            if row is not None and row.turn_id == turn_id and _held_by(row, holder):
+                return None
+            if row is not None and row.state is not ReservationState.FAILED:
+                return _view(session_id, key, row, now)
+            state.reservations[(session_id, key)] = ReservationRow(
+                turn_id=turn_id,
+                input_hash=input_hash,
+                holder=holder,
+                state=ReservationState.IN_FLIGHT,
+                touched_at=now,
+                stale_at=now + secondary_ttl,
+                expires_at=now + primary_ttl,
+            )
+            return None
+
+    async def touch_many(self, refs: Sequence[ReservationRef], secondary_ttl: float) -> None:
+        """Push the staleness deadline of each IN_FLIGHT reservation still held by its ref."""
+        with self._link.open() as state:
+            now = state.clock()
+            for ref in refs:
+                row = _live_reservation(state, ref.session_id, ref.key, now)
+                if row is not None and _held_by(row, ref.holder):
+                    row.touched_at = now
+                    row.stale_at = now + secondary_ttl
+
+    async def acquire_holder(
+        self,
+        session_id: str,
+        key: str,
+        turn_id: str,
+        holder: str,
+        secondary_ttl: float,
+        *,
+        message_id: str | None = None,
+        steal_below: int = 0,
+    ) -> Takeover:
+        """The next attempt when the reservation is IN_FLIGHT for `turn_id` and holderless (the
+        current one when already held by `holder`: the same call made again), a stale holder's
+        under `steal_below`, `wait` while a retry's backoff or a live holder's attempt lasts."""
+        with self._link.open() as state:
+            now = state.clock()
+            row = _live_reservation(state, session_id, key, now)
+            if row is None or row.turn_id != turn_id:
+                return REJECTED
+            lost, lost_by = 0, ""
+            if _held_by(row, holder):
+                return Takeover(attempt=max(row.attempt, 1))
+            if _held_by(row, None):
+                if row.due_at > now:
+                    return Takeover(wait=row.due_at - now)
+            elif _may_steal(state, session_id, row, steal_below):
+                if row.stale_at >= now:
+                    return Takeover(wait=row.stale_at - now)
+                lost = _give_up_attempt(row, "holder stopped answering", now)
+                lost_by = row.holder or ""
+            else:
+                return REJECTED
+            row.attempt += 1
+            row.holder = holder
+            row.pending = message_id or row.pending
+            row.due_at = 0.0
+            row.touched_at = now
+            row.stale_at = now + secondary_ttl
+            return Takeover(attempt=row.attempt, lost=lost, lost_by=lost_by)
+
+    async def requeue_lost(
+        self,
+        session_id: str,
+        key: str,
+        turn_id: str,
+        holder: str,
+        reason: str,
+        max_attempts: int,
+        forward_ttl: float,
+    ) -> int:
+        """Make a lost attempt's reservation holderless for a next attempt (see the protocol)."""
+        with self._link.open() as state:
+            now = state.clock()
+            row = _live_reservation(state, session_id, key, now)
+            if row is None or row.turn_id != turn_id:
+                return 0
+            if _held_by(row, None) and row.history and row.history[-1].node == holder:
+                return row.history[-1].attempt  # the same call made again
+            if not (_held_by(row, holder) and _may_steal(state, session_id, row, max_attempts)):
+                return 0
+            lost = _give_up_attempt(row, reason, now)
+            row.holder = None
+            row.touched_at = now
+            row.stale_at = now + forward_ttl
+            return lost
+
+    async def hold(
+        self, session_id: str, key: str, turn_id: str, holder: str, token: int, envelope: bytes
+    ) -> str | None:
+        """Keep the turn's message pending under `token` (see the protocol)."""
+        with self._link.open() as state:
+            now = state.clock()
+            row = _live_reservation(state, session_id, key, now)
+            if row is None or row.turn_id != turn_id or not _held_by(row, holder):
+                return None
+            row.pending = _keep_pending(state, session_id, row, token, envelope, now, turn_id)
+            return row.pending
+
+    async def schedule_retry(
+        self,
+        session_id: str,
+        key: str,
+        turn_id: str,
+        holder: str,
+        token: int,
+        envelope: bytes,
+        attempt: int,
+        reason: str,
+        delay: float,
+        forward_ttl: float,
+    ) -> str | None:
+        """Record the failed attempt, make the reservation holderless until `delay` has passed
+        and keep the message pending under `token` (see the protocol)."""
+        with self._link.open() as state:
+            now = state.clock()
+            row = _live_reservation(state, session_id, key, now)
+            if row is None or row.turn_id != turn_id:
+                return None
+            last = row.history[-1] if row.history else None
+            if (
+                _held_by(row, None)
+                and last is not None
+                and (last.attempt, last.node)
+                == (
+                    attempt,
+                    holder,
+                )
+            ):
+                return row.pending  # the same call made again
+            if not _held_by(row, holder) or max(row.attempt, 1) != attempt:
+                return None
+            row.pending = _keep_pending(state, session_id, row, token, envelope, now, turn_id)
+            _give_up_attempt(row, reason, now)
+            row.holder = None
+            row.due_at = now + delay
+            row.touched_at = now
+            row.stale_at = row.due_at + forward_ttl
+            return row.pending
+
+    async def release_holder(
+        self, session_id: str, key: str, holder: str, forward_ttl: float
+    ) -> bool:
+        """Make an IN_FLIGHT reservation held by `holder` holderless, stale after `forward_ttl`."""
+        with self._link.open() as state:
+            now = state.clock()
+            row = _live_reservation(state, session_id, key, now)
+            if row is None or not _held_by(row, holder):
+                return False
+            row.holder = None
+            row.touched_at = now
+            row.stale_at = now + forward_ttl
+            return True
+
+    async def mark_done(
+        self,
+        session_id: str,
+        key: str,
+        holder: str,
+        outcome: Outcome,
+        primary_ttl: float,
+        commit: StagedCommit | None = None,
+        attempt: int | None = None,
+    ) -> bool:
+        """Store the outcome (DONE when final, else FAILED), with `commit`'s entries appended to
+        the transcript under the same lock, if IN_FLIGHT for its turn and held by `holder` or
+        nobody (by `holder` at `attempt` when given; a rerun finding its own outcome succeeds
+        without writing)."""
+        data = outcome.encode()
+        packed = (
+            [pack(e.model_dump(mode="python")) for e in commit.committed(outcome.turn_id)]
+            if commit is not None
+            else []
+        )
+        with self._link.open() as state:
+            now = state.clock()
+            row = _live_reservation(state, session_id, key, now)
+            if row is not None and row.turn_id == outcome.turn_id and row.outcome == data:
+                return True  # the same call made again: already recorded
+            record = state.records.get(session_id)
+            if commit is not None:  # a fenced-out holder must learn it has lost the session
+                if record is None:
+                    raise FencedOut(f"session {session_id} has no record")
+                if commit.token < record.fence:
+                    raise FencedOut(f"token {commit.token} is older than fence {record.fence}")
+            if row is None or row.turn_id != outcome.turn_id:
+                return False
+            if row.state is not ReservationState.IN_FLIGHT:
+                return False
+            if not (_held_by(row, holder) or _held_by(row, None)):
+                return False
+            if attempt is not None and (row.holder is None or max(row.attempt, 1) != attempt):
+                return False
+            if record is not None:
+                record.entries.extend(packed)
+            row.state = ReservationState.DONE if outcome.final else ReservationState.FAILED
+            row.outcome = data
+            row.touched_at = now
+            row.expires_at = now + primary_ttl
+            return True
+
+    async def compare_and_reset(
+        self, session_id: str, key: str, expected_holder: str | None, outcome: Outcome
+    ) -> bool:
+        """Record `outcome` (DONE when final, else FAILED) if IN_FLIGHT for its turn and held
+        by `expected_holder`."""
+        data = outcome.encode()
+        with self._link.open() as state:
+            now = state.clock()
+            row = _live_reservation(state, session_id, key, now)
+            if row is None or row.turn_id != outcome.turn_id:
+                return False
+            if row.state is not ReservationState.IN_FLIGHT:
+                return row.outcome == data  # the same call made again: it still won
+            if not _held_by(row, expected_holder):
+                return False
+            row.state = ReservationState.DONE if outcome.final else ReservationState.FAILED
+            row.outcome = data
+            row.touched_at = now
+            return True
+
+    async def discard_reservation(self, session_id: str, key: str, turn_id: str) -> bool:
+        """Delete an IN_FLIGHT reservation made for `turn_id`."""
+        with self._link.open() as state:
+            row = _live_reservation(state, session_id, key, state.clock())
+            if row is None or row.state is not ReservationState.IN_FLIGHT or row.turn_id != turn_id:
+                return False
+            del state.reservations[(session_id, key)]
+            return True
+
+    async def find_stale_in_flight(self, limit: int) -> list[Reservation]:
+        """Up to `limit` IN_FLIGHT reservations past their staleness deadline, oldest first."""
+        with self._link.open() as state:
+            now = state.clock()
+            stale: list[tuple[float, Reservation]] = []
+            for (session_id, key), row in list(state.reservations.items()):
+                if row.state is not ReservationState.IN_FLIGHT or row.stale_at >= now:
+                    continue
+                if _live_reservation(state, session_id, key, now) is not None:
+                    stale.append((row.stale_at, _view(session_id, key, row, now)))
+        stale.sort(key=lambda item: item[0])
+        return [reservation for _, reservation in stale[: max(limit, 0)]]
+
+    async def expire_holder(self, holder: str) -> int:
+        """Move the staleness deadline of each IN_FLIGHT reservation of `holder` not yet stale to
+        just before now (one microsecond, the Redis store's resolution, so it is past at once);
+        return how many moved. Already stale ones are left as they are and not counted."""
+        with self._link.open() as state:
+            now = state.clock()
+            expired = 0
+            for session_id, key in list(state.reservations):
+                row = _live_reservation(state, session_id, key, now)
+                if row is not None and _held_by(row, holder) and row.stale_at >= now:
+                    row.stale_at = now - STALE_NOW_MARGIN
+                    expired += 1
+            return expired
+
+    async def find(self, session_id: str, key: str) -> Reservation | None:
+        """The reservation, or None when missing or past its primary TTL."""
+        with self._link.open() as state:
+            now = state.clock()
+            row = _live_reservation(state, session_id, key, now)
+            return None if row is None else _view(session_id, key, row, now)
+
+
+# --------------------------------------------------------------------------- event log
