@@ -78,6 +78,15 @@ class InvalidRequestError(SticklessError, ValueError):
     """The request failed validation (HTTP 400); the message names the field and the rule."""
 
 
+class DeadLetterNotFoundError(SticklessError, LookupError):
+    """No dead letter has this id (HTTP 404): it never existed, or was replayed or removed."""
+
+
+class ReplayRefusedError(SticklessError):
+    """A dead letter cannot be replayed (HTTP 409), and is kept: it holds no readable message,
+    or its idempotency key is answered or in flight under another turn (the message says)."""
+
+
 class TurnFailedError(SticklessError):
     """A turn did not succeed; `.code` says why."""
 

@@ -171,6 +171,15 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]*")
 MAX_ID_LENGTH = 200
 
 
+def is_session_id(value: object) -> bool:
+    """Whether `value` is a session id a SubmitRequest accepts (charset and length)."""
+    return (
+        isinstance(value, str)
+        and len(value) <= MAX_ID_LENGTH
+        and _SESSION_ID.fullmatch(value) is not None
+    )
+
+
 def encoded_size(value: Any) -> int:
     """Bytes of `value` as msgpack (values are checked wire primitives already)."""
     return len(msgpack.packb(value, use_bin_type=True))

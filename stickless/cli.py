@@ -1,7 +1,8 @@
 """Command line entry point: argument parsing and dispatch of every `stickless` subcommand.
 
 The commands live elsewhere: the demo in `stickless.demo`, the node process in
-`stickless.node`, the Ray deployment in `stickless.ray`, the benchmarks in `stickless.bench`.
+`stickless.node`, the Ray deployment in `stickless.ray`, the benchmarks in `stickless.bench`,
+the dead-letter commands in `stickless._dlq`.
 """
 
 from __future__ import annotations
@@ -258,6 +259,58 @@ def _add_bench(subcommands: Subcommands) -> None:
     parser.set_defaults(handler=_cmd_bench)
 
 
+# ====================================================================== dlq
+
+
+def _cmd_dlq(args: argparse.Namespace) -> int:
+    """List, show, replay or purge the dead letters of a namespace in Redis."""
+    from ._dlq import main_dlq
+
+    return main_dlq(args)
+
+
+def _add_dlq(subcommands: Subcommands) -> None:
+    parser = subcommands.add_parser(
+        "dlq",
+        help="list, show, replay or purge dead letters (messages that will not run again)",
+        description="Inspect the dead letters of a namespace in Redis (messages whose last "
+        "attempt failed, or that could not be read), replay one under its original "
+        "idempotency key, or purge them. Exit codes: 0 done, 1 not found or refused, 2 usage.",
+    )
+    actions = parser.add_subparsers(dest="dlq_command", metavar="ACTION", required=True)
+
+    def action(name: str, help: str) -> argparse.ArgumentParser:
+        sub = actions.add_parser(name, help=help, description=help)
+        _redis_option(sub, required=True, help=_REDIS_URL)
+        _namespace_option(sub, "Redis key prefix (default stickless)")
+        sub.set_defaults(handler=_cmd_dlq)
+        return sub
+
+    listing = action("list", "one line per letter: id, session, turn, key, reason, attempts, age")
+    listing.add_argument("--session", default=None, help="only this session's letters")
+    listing.add_argument(
+        "--limit", type=int, default=50, help="most letters to list, newest first (default 50)"
+    )
+    listing.add_argument(
+        "--before",
+        type=float,
+        default=None,
+        metavar="DEAD_AT",
+        help="only letters that died before this time (a page's last dead_at: the next page)",
+    )
+    action("show", "print one letter as JSON").add_argument("letter_id", metavar="ID")
+    replay = action(
+        "replay",
+        "queue the letter's message again under its original idempotency key for the "
+        "cluster to run, print the new turn id, and remove the letter",
+    )
+    replay.add_argument("letter_id", metavar="ID")
+    _config_option(replay)
+    purge = action("purge", "remove every letter (of one session with --session)")
+    purge.add_argument("--session", default=None, help="only this session's letters")
+    purge.add_argument("--yes", action="store_true", help="really remove them")
+
+
 # ====================================================================== parser
 
 
@@ -279,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_node(subcommands)
     _add_ray_deploy(subcommands)
     _add_bench(subcommands)
+    _add_dlq(subcommands)
     return parser
 
 

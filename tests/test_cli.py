@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 import subprocess
 import sys
+import uuid
 
 import pytest
 
-from stickless import RouterConfig
+from stickless import DeploymentMode, RouterConfig, SessionRouter, SubmitKind
+from stickless.backends.base import ReservationState, letter_for_unreadable, letter_id_for
+from stickless.backends.redis import RedisBackends
 from stickless.cli import DEMO_CONFIG, main
 
+from .agents import Journal, ScriptedOpener, req, wait_until
+from .conftest import FAST
+from .dead_letters import dead_turn
 from .ray_cluster import import_ray
 from .redis_fixture import redis_executable
 
@@ -229,3 +237,98 @@ def test_ray_commands_parse() -> None:
     assert args.command == "ray-undeploy"
     assert main(["ray-deploy", "--redis", "redis://h/0"]) == 2  # --opener is required
     assert main(["demo", "--ray", "1"]) == 2
+
+
+# ---------------------------------------------------------------------- dlq
+
+
+async def test_dlq_list_show_replay_and_purge_against_a_live_node(
+    redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a router node over Redis, a dead letter of a turn whose key k1 is FAILED, and the
+    # letter of an unreadable entry
+    journal = Journal()
+    namespace = f"dlq{uuid.uuid4().hex[:6]}"
+    config = RouterConfig(node_id="dlq-node", mode=DeploymentMode.DISTRIBUTED, **FAST)
+    backends = RedisBackends.from_url(redis_url, namespace=namespace)
+    node = SessionRouter.build(config=config, opener=ScriptedOpener(journal), backends=backends)
+    await node.start()
+    try:
+        request = req("s1", "hello again", idempotency_key="k1")
+        failed = await dead_turn(backends, request, "c:k1")
+        junk = letter_for_unreadable("s2", "m-9", None, None, "undecodable msgpack", b"\xc1 x")
+        for letter in (failed, junk):
+            await node.dead_letters.bury(letter)
+
+        async def dlq(*argv: str) -> tuple[int, str, str]:
+            code = await asyncio.to_thread(
+                main, ["dlq", *argv, "--redis", redis_url, "--namespace", namespace]
+            )
+            out, err = capsys.readouterr()
+            return code, out, err
+
+        # list: one line per letter with its id, session, turn, key, reason, attempts and age
+        code, out, _ = await dlq("list")
+        assert code == 0
+        lines = sorted(out.splitlines())
+        assert len(lines) == 2
+        assert lines[0].split("  ")[:4] == [failed.letter_id, "s1", "old-turn", "c:k1"]
+        assert '"last attempt failed"' in lines[0] and "attempts=1" in lines[0]
+        assert re.search(r"age=\d+[smhd]$", lines[0]), lines[0]
+        code, out, _ = await dlq("list", "--session", "s2", "--limit", "5")
+        assert code == 0 and out.split("  ")[:2] == [junk.letter_id, "s2"]
+        # show: the letter as JSON, its input as text, unreadable bytes as base64
+        code, out, _ = await dlq("show", failed.letter_id)
+        shown = json.loads(out)
+        assert code == 0 and shown["envelope"]["input"] == "hello again"
+        assert shown["idempotency_key"] == "c:k1" and shown["attempts"][0]["attempt"] == 1
+        code, out, _ = await dlq("show", junk.letter_id)
+        assert code == 0 and json.loads(out)["raw"] == {"base64": "wSB4"}
+        # replay of the unreadable letter is refused, and of an unknown one not found
+        code, _, err = await dlq("replay", junk.letter_id)
+        assert code == 1 and "no readable message" in err
+        code, _, err = await dlq("replay", letter_id_for("s1", "nope", ""))
+        assert code == 1 and "DeadLetterNotFoundError" in err
+        # When the failed turn's letter is replayed
+        code, out, _ = await dlq("replay", failed.letter_id)
+        found = re.search(r"as turn ([0-9a-f]{32}) of session s1 under key 'k1'", out)
+        assert code == 0 and found is not None, out
+        turn_id = found.group(1)
+
+        # Then the node ran it, and its answer is k1's: what a client retry gets
+        async def answered() -> bool:
+            found = await backends.idempotency.find("s1", "c:k1")
+            return found is not None and found.state is ReservationState.DONE
+
+        await wait_until(answered)
+        reservation = await backends.idempotency.find("s1", "c:k1")
+        assert reservation is not None and reservation.outcome is not None
+        assert reservation.outcome.turn_id == turn_id
+        assert reservation.outcome.text == "echo:hello again"
+        assert reservation.outcome.executed_by == node.node_id
+        assert journal.texts("s1") == ["hello again"]
+        retry = await node.submit(request)
+        assert retry.kind is SubmitKind.CACHED and (await retry.result).turn_id == turn_id
+        assert await backends.dead_letters.get(failed.letter_id) is None
+        # purge refuses without --yes, then removes what is left
+        code, _, err = await dlq("purge")
+        assert code == 1 and "without --yes" in err
+        assert await backends.dead_letters.count() == 1
+        code, out, _ = await dlq("purge", "--yes")
+        assert code == 0 and "purged 1" in out
+        code, out, _ = await dlq("list")
+        assert code == 0 and out == "no dead letters\n"
+        # usage errors exit 2
+        assert (await dlq("list", "--limit", "0"))[0] == 2
+        assert (await dlq("show", "not-a-letter"))[0] == 2
+        assert (await dlq("purge", "--session", "bad{id}", "--yes"))[0] == 2
+    finally:
+        await node.aclose(grace=0.5)
+        await backends.aclose()
+
+
+def test_dlq_needs_an_action_and_redis(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["dlq"]) == 2
+    assert main(["dlq", "list"]) == 2
+    assert main(["dlq", "show", "--redis", "redis://h/0"]) == 2
+    capsys.readouterr()

@@ -1,8 +1,11 @@
 """Storage roles (one Protocol each) and their implementations: `memory` and `redis`."""
 
 from .base import (
+    AttemptRecord,
     Backends,
     CollectedBatch,
+    DeadLetter,
+    DeadLetterStore,
     EventLog,
     FencedOut,
     HeldElsewhere,
@@ -24,8 +27,11 @@ from .base import (
 )
 
 __all__ = [
+    "AttemptRecord",
     "Backends",
     "CollectedBatch",
+    "DeadLetter",
+    "DeadLetterStore",
     "EventLog",
     "FencedOut",
     "HeldElsewhere",

@@ -17,6 +17,11 @@ def reservation_key(req: SubmitRequest, turn_id: str) -> str:
     return _TURN_KEY + turn_id
 
 
+def client_key(key: str) -> str | None:
+    """The client's idempotency key a reservation key was made from; None for an internal one."""
+    return key[len(_CLIENT_KEY) :] if key.startswith(_CLIENT_KEY) else None
+
+
 def primary_ttl(config: RouterConfig, key: str) -> float:
     """How long a finished reservation keeps its answer."""
     # Internal per-turn keys only need to outlive the pollers that may read them.

@@ -33,6 +33,7 @@ from ._background import Background, io, quiet
 from ._callers import CallerTable, Forward
 from ._context import NodeContext
 from ._control import ControlChannel, SignalHandler
+from ._dead_letters import DeadLetters
 from ._handover import Handover
 from ._host import NodeActorHost
 from ._interrupts import Interrupts
@@ -92,6 +93,7 @@ class SessionRouter:
         self._submitter = Submitter(*acting)
         self._interrupts = Interrupts(*acting)
         self._sweeps = Sweeps(*acting, handover=self._handover)
+        self._dead_letters = DeadLetters(backends.dead_letters, self.submit, self._check_open)
         self._host = NodeActorHost(
             ctx,
             opener=opener,
@@ -160,6 +162,12 @@ class SessionRouter:
     @property
     def backends(self) -> Backends:
         return self._backends
+
+    @property
+    def dead_letters(self) -> DeadLetters:
+        """The namespace's dead letters: list, get, replay (under the original key), remove,
+        purge; and `bury`, to keep a message that will not run again."""
+        return self._dead_letters
 
     @property
     def closed(self) -> bool:

@@ -14,7 +14,12 @@ import pytest
 
 from stickless._types import Priority
 from stickless.backends.base import Backends
-from stickless.backends.memory import MemoryBackends, MemoryInbox, MemorySignalBus
+from stickless.backends.memory import (
+    MemoryBackends,
+    MemoryDeadLetterStore,
+    MemoryInbox,
+    MemorySignalBus,
+)
 
 T = TypeVar("T")
 
@@ -25,6 +30,7 @@ EVENT_LOG_MAX_LEN = 50
 
 PlantRaw = Callable[[str, Priority, bytes], Awaitable[str]]
 PublishRaw = Callable[[bytes, str | None], Awaitable[None]]
+PlantLetter = Callable[[str, str, bytes], Awaitable[None]]
 
 
 def _build(name: str, request: pytest.FixtureRequest) -> Backends:
@@ -67,6 +73,20 @@ def plant_raw(backends: Backends) -> PlantRaw:
         assert isinstance(inbox, RedisInbox)
         return inbox.deliver_raw
     raise LookupError(f"no raw inbox writer for {type(inbox).__name__}")
+
+
+@pytest.fixture
+def plant_letter(backends: Backends) -> PlantLetter:
+    """Store arbitrary bytes as a session's dead letter (to plant corrupt ones)."""
+    store = backends.dead_letters
+    if isinstance(store, MemoryDeadLetterStore):
+        return store.plant_raw
+    if type(store).__name__ == "RedisDeadLetterStore":
+        from stickless.backends.redis import RedisDeadLetterStore
+
+        assert isinstance(store, RedisDeadLetterStore)
+        return store.plant_raw
+    raise LookupError(f"no raw dead-letter writer for {type(store).__name__}")
 
 
 @pytest.fixture

@@ -8,6 +8,20 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from ._dead_letters import (
+    MAX_RAW_BYTES,
+    DeadLetter,
+    DeadLetterStore,
+    check_letter,
+    letter_for_envelope,
+    letter_for_unreadable,
+    letter_id_for,
+    letter_session,
+    pack_letter,
+    stamp_of,
+    unpack_letter,
+    unreadable_letter,
+)
 from ._events import (
     DEFAULT_EVENT_LOG_MAX_LEN,
     DEFAULT_EVENT_LOG_TTL,
@@ -54,6 +68,7 @@ from ._signals import (
 )
 
 __all__ = [
+    "MAX_RAW_BYTES",
     "REJECTED",
     "AttemptRecord",
     "Takeover",
@@ -61,6 +76,8 @@ __all__ = [
     "CollectedBatch",
     "DEFAULT_EVENT_LOG_MAX_LEN",
     "DEFAULT_EVENT_LOG_TTL",
+    "DeadLetter",
+    "DeadLetterStore",
     "EventLog",
     "FencedOut",
     "HeldElsewhere",
@@ -80,13 +97,22 @@ __all__ = [
     "StagedCommit",
     "Subscription",
     "UnreadableEntry",
+    "check_letter",
     "cursor_ahead",
     "cursor_trimmed",
     "decode_entries",
     "event_id_key",
+    "letter_for_envelope",
+    "letter_for_unreadable",
+    "letter_id_for",
+    "letter_session",
+    "pack_letter",
     "parse_event_cursor",
     "resume_cursor",
     "sort_messages",
+    "stamp_of",
+    "unpack_letter",
+    "unreadable_letter",
 ]
 
 
@@ -100,6 +126,7 @@ class Backends(Protocol):
     signals: SignalBus
     idempotency: IdempotencyStore
     events: EventLog
+    dead_letters: DeadLetterStore
 
     def clone(self) -> Backends:
         """A bundle over the same data with its own connections (for another thread's loop)."""

@@ -1,6 +1,7 @@
 """In-memory backends: the embedded default, and a simulated cluster when routers share one."""
 
 from ._bundle import MemoryBackends
+from ._dead_letters import MemoryDeadLetterStore
 from ._eventlog import MemoryEventLog
 from ._idempotency import MemoryIdempotencyStore
 from ._inbox import MemoryInbox
@@ -12,6 +13,7 @@ from ._stores import (
 
 __all__ = [
     "MemoryBackends",
+    "MemoryDeadLetterStore",
     "MemoryEventLog",
     "MemoryIdempotencyStore",
     "MemoryInbox",

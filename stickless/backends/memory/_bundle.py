@@ -9,6 +9,7 @@ from collections.abc import Callable
 from ..base import (
     DEFAULT_EVENT_LOG_MAX_LEN,
     DEFAULT_EVENT_LOG_TTL,
+    DeadLetterStore,
     EventLog,
     IdempotencyStore,
     Inbox,
@@ -16,6 +17,7 @@ from ..base import (
     RecordStore,
     SignalBus,
 )
+from ._dead_letters import MemoryDeadLetterStore
 from ._eventlog import MemoryEventLog
 from ._idempotency import MemoryIdempotencyStore
 from ._inbox import MemoryInbox
@@ -38,6 +40,7 @@ class MemoryBackends:
     signals: SignalBus
     idempotency: IdempotencyStore
     events: EventLog
+    dead_letters: DeadLetterStore
 
     def __init__(
         self,
@@ -50,7 +53,8 @@ class MemoryBackends:
         Each session's event log keeps its newest `max_len` frames and is dropped whole
         `event_log_ttl` seconds (store clock) after its last append or delete, as the Redis
         store does. Records, token counters and reservations follow their own rules (see the
-        README section "Redis memory and retention"); nothing else here expires.
+        README section "Redis memory and retention"); dead letters are kept until removed or
+        purged; nothing else here expires.
         """
         if max_len < 1:
             raise ValueError("max_len must be at least 1")
@@ -67,6 +71,7 @@ class MemoryBackends:
         self.signals = MemorySignalBus(link)
         self.idempotency = MemoryIdempotencyStore(link)
         self.events = MemoryEventLog(link)
+        self.dead_letters = MemoryDeadLetterStore(link)
 
     def link(self) -> MemoryBackends:
         """A new bundle over the same data with its own connection (one per simulated node)."""

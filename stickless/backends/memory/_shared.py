@@ -103,6 +103,8 @@ class State:
         #: Expiry (store clock) of each session's log, oldest first: every refresh re-inserts
         #: the session at the end, so expired logs are always at the front.
         self.event_log_expiry: dict[str, float] = {}
+        #: Per session, the packed dead letters by letter id (kept until removed or purged).
+        self.dead_letters: dict[str, dict[str, bytes]] = {}
         self.control_subs: dict[LinkedSubscription, None] = {}
         self.event_subs: dict[str, dict[LinkedSubscription, None]] = {}
 

@@ -8,6 +8,7 @@ if find_spec("redis") is None:
     )
 
 from ._bundle import RedisBackends, Retention
+from ._dead_letters import RedisDeadLetterStore
 from ._eventlog import RedisEventLog
 from ._idempotency import RedisIdempotencyStore
 from ._inbox import RedisInbox
@@ -18,6 +19,7 @@ from ._stores import RedisLeaseStore, RedisRecordStore
 __all__ = [
     "Keys",
     "RedisBackends",
+    "RedisDeadLetterStore",
     "RedisEventLog",
     "RedisIdempotencyStore",
     "RedisInbox",

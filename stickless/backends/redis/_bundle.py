@@ -14,6 +14,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from ..base import (
     DEFAULT_EVENT_LOG_MAX_LEN,
     DEFAULT_EVENT_LOG_TTL,
+    DeadLetterStore,
     EventLog,
     IdempotencyStore,
     Inbox,
@@ -21,6 +22,7 @@ from ..base import (
     RecordStore,
     SignalBus,
 )
+from ._dead_letters import RedisDeadLetterStore
 from ._eventlog import RedisEventLog
 from ._idempotency import RedisIdempotencyStore
 from ._inbox import RedisInbox
@@ -72,6 +74,7 @@ class RedisBackends:
     signals: SignalBus
     idempotency: IdempotencyStore
     events: EventLog
+    dead_letters: DeadLetterStore
 
     def __init__(
         self, url: str, namespace: str, retention: Retention, client_options: dict[str, Any]
@@ -113,6 +116,7 @@ class RedisBackends:
         self.events = RedisEventLog(
             self.client, scripts, self.keys, retention.event_log_max_len, retention.event_log_ttl
         )
+        self.dead_letters = RedisDeadLetterStore(self.client, scripts, self.keys)
 
     @classmethod
     def from_url(

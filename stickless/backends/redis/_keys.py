@@ -2,8 +2,16 @@
 
 All keys of one session share the hash tag `{<ns>:s:<session_id>}`, so every multi-key script
 touches a single slot (Redis Cluster ready). The cluster-wide indexes (stale reservations,
-pending sessions, and the per-holder indexes of leases and reservations) live outside any
-session's slot and are only written by single-key commands.
+pending sessions, dead letters, and the per-holder indexes of leases and reservations) live
+outside any session's slot and are only written by single-key commands.
+
+Dead letters are kept in the session's slot (`dead_letters`: a hash of letter id -> packed
+letter, `base.pack_letter`), so a session script can add one atomically with what it records
+(HSETNX, stamping `dead_at` in place with the prelude's `letter_stamp`). The namespace-wide
+`dead_index` (members: letter ids, which name their session; scores: `dead_at`) is a superset
+of the letters: whoever adds a letter puts its id there with score 0 in the same pipeline,
+after the script, then (best effort) at its `dead_at`; readers settle score-0 members to the
+letter's `dead_at` and drop members whose letter is gone.
 
 How long each key lives (removed, expiring, or kept on purpose) is listed in the README section
 "Redis memory and retention" and checked by `tests/test_redis_retention.py`.
@@ -34,6 +42,9 @@ class Keys:
         #: Sorted set of sessions with queued messages scored by (a lower bound of) the oldest
         #: arrival time.
         self.pending_index = f"{namespace}:idx:pending"
+        #: Sorted set of dead-letter ids scored by `dead_at` (0: not settled yet); a superset
+        #: of the letters, verified by readers (see the module docstring).
+        self.dead_index = f"{namespace}:idx:dead"
         #: Pub/sub channel shared by every node for all signal kinds but EVENT.
         self.control_channel = f"{namespace}:control"
 
@@ -88,6 +99,11 @@ class Keys:
         """Stream of the session's event frames (its max-deleted-entry-id is the newest dropped
         frame); expires `event_log_ttl` after its last append or delete."""
         return f"{self.tag(session_id)}:events"
+
+    def dead_letters(self, session_id: str) -> str:
+        """Hash of the session's dead letters, letter id -> packed letter; kept until removed
+        or purged (a delete of the session leaves it: letters are the operator's to clear)."""
+        return f"{self.tag(session_id)}:dead"
 
     def event_channel(self, session_id: str) -> str:
         """Pub/sub channel of the session's EVENT signals (plain PUBLISH, slot-agnostic)."""

@@ -60,6 +60,7 @@ class Scripts:
         self.events_append = load("events_append")
         self.events_read = load("events_read")
         self.events_delete = load("events_delete")
+        self.dead_add = load("dead_add")
 
 
 Arg = str | bytes | int | float

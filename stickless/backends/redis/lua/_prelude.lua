@@ -132,3 +132,14 @@ local function compare_ids(a, b)
   end
   return digits(aseq, bseq)
 end
+
+-- A packed dead letter (base.pack_letter: bytes 0x93 0x01 0xcb, then dead_at as a big-endian
+-- float64 in bytes 4-11) with a dead_at packed as 0 stamped `t`; anything else is returned as
+-- it is.
+local function letter_stamp(packed, t)
+  local header = string.sub(packed, 1, 3)
+  if header == '\147\1\203' and string.sub(packed, 4, 11) == string.rep('\0', 8) then
+    return header .. struct.pack('>d', t) .. string.sub(packed, 12)
+  end
+  return packed
+end
