@@ -132,6 +132,10 @@ async def test_a_retried_turn_fails_at_the_maximum_and_a_terminal_error_is_not_r
         assert "flaky attempt 3" in str(failure.value)
         ends = await _ends(cluster, sid, broken["turn_id"])
         assert [e.how for e in ends] == ["error", "error", "error"]
+        # And the message is a dead letter holding its three attempts
+        (letter,) = await cluster.backends.dead_letters.list(10, session_id=sid)
+        assert letter.turn_id == broken["turn_id"]
+        assert [a.attempt for a in letter.attempts] == [1, 2, 3]
         # And a terminal error is not retried
         fatal = await a.client.submit(request(sid, "fatal", "terminal"))
         with pytest.raises(TurnFailedError):

@@ -27,7 +27,15 @@ from ..backends.base import (
     StagedCommit,
 )
 from ..wire import Outcome
-from ._ending import NotStarted, RunningTurn, conclude, retryable, retrying_frame, schedule
+from ._ending import (
+    NotStarted,
+    RunningTurn,
+    conclude,
+    exhausted,
+    retryable,
+    retrying_frame,
+    schedule,
+)
 from ._host import ActorHost, Later, StopReason
 from ._mailbox import Mailbox
 from ._relay import EventRelay
@@ -474,6 +482,7 @@ class SessionActor:
         running.concluded = True
         if await self._retry(running, task):
             return
+        running.bury = exhausted(self._host, work, task, bool(running.joined))
         outcome, terminal, commit, lease_lost = conclude(self._host, running, task, self.lease)
         if lease_lost:
             self.lose_lease()
@@ -526,7 +535,9 @@ class SessionActor:
         # The terminal frame follows the recorded answer, queued just before the answer goes
         # out (flushed by the relay's dispatcher; nobody waits for that).
         try:
-            announced = await host.complete(work, outcome, commit, lambda _: relay.emit(terminal))
+            announced = await host.complete(
+                work, outcome, commit, lambda _: relay.emit(terminal), bury=running.bury
+            )
         except FencedOut:
             self.lose_lease()
             outcome, terminal = failed(

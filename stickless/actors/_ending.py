@@ -39,6 +39,9 @@ class RunningTurn:
     joined: list[TurnWork] = field(default_factory=list)
     #: Set once the agent task ended: no message joins the turn after that.
     concluded: bool = False
+    #: Why the turn's message goes to the dead letters with its answer (its last attempt
+    #: failed under the retry policy); None: it does not.
+    bury: str | None = None
 
 
 def retryable(
@@ -53,6 +56,23 @@ def retryable(
     if error is None or isinstance(error, NotStarted) or not policy.retries(error):
         return None
     return error if max(work.attempt, 1) < policy.max_attempts else None
+
+
+def exhausted(
+    host: ActorHost, work: TurnWork, task: asyncio.Task[TurnOutput], joined: bool
+) -> str | None:
+    """Why a failed turn's message is dead-lettered: the retry policy would have run it again
+    but its attempts are used up; None otherwise."""
+    policy = host.config.retry
+    if policy is None or joined or task.cancelled():
+        return None
+    error = task.exception()
+    if error is None or isinstance(error, NotStarted) or not policy.retries(error):
+        return None
+    attempt = max(work.attempt, 1)
+    if attempt < policy.max_attempts:
+        return None
+    return f"failed {attempt} attempt(s), the last with {type(error).__name__}: {error}"
 
 
 async def schedule(host: ActorHost, work: TurnWork, token: int, error: BaseException) -> bool:

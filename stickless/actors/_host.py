@@ -76,10 +76,12 @@ class ActorHost(Protocol):
         commit: StagedCommit | None = None,
         before_announce: Callable[[Outcome], None] | None = None,
         frame: Event | None = None,
+        bury: str | None = None,
     ) -> Outcome | None:
         """Record and announce (calling `before_announce` with an outcome decided here, or
         delivering `frame`, just before); the outcome announced (None: decided elsewhere or
-        unknown).
+        unknown). With `bury`, the message goes to the dead letters (for that reason) in the
+        step that records its answer.
 
         Raises:
             FencedOut: `commit` is under a lease older than the record's fence.

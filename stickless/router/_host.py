@@ -67,8 +67,9 @@ class NodeActorHost(RouterPart):
         commit: StagedCommit | None = None,
         before_announce: Callable[[Outcome], None] | None = None,
         frame: Event | None = None,
+        bury: str | None = None,
     ) -> Outcome | None:
-        return await self._outcomes.complete(work, outcome, commit, before_announce, frame)
+        return await self._outcomes.complete(work, outcome, commit, before_announce, frame, bury)
 
     async def take_over(self, work: TurnWork) -> bool | Later:
         return await self._outcomes.take_over(work)

@@ -4,6 +4,7 @@ TURN_RESULT, including take-over decisions, unreadable entries and holder-loss a
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -12,11 +13,15 @@ from .._errors import BackendUnavailableError, FailureCode
 from .._events import LATE_TERMINAL_SEQ, Event, Interrupted
 from ..actors import Later, PendingEntry, TurnWork
 from ..backends.base import (
+    AttemptRecord,
+    DeadLetter,
     FencedOut,
     InboundMessage,
     Reservation,
     StagedCommit,
     UnreadableEntry,
+    letter_for_envelope,
+    letter_for_unreadable,
 )
 from ..wire import Outcome, SignalKind, TurnResultPayload
 from ._background import io, log, quiet
@@ -67,6 +72,7 @@ class TurnOutcomes(RouterPart):
         commit: StagedCommit | None = None,
         before_announce: Callable[[Outcome], None] | None = None,
         frame: Event | None = None,
+        bury: str | None = None,
     ) -> Outcome | None:
         """Record the outcome (with the turn's transcript entries, in the same atomic step),
         then answer local callers and the rail; returns the outcome announced, or None when the
@@ -86,14 +92,19 @@ class TurnOutcomes(RouterPart):
         `frame` is the terminal frame of a turn that did not run through a relay (cancelled,
         rejected or failed before it started): it is delivered at the same point, so a turn
         whose answer was decided elsewhere never gets a frame that contradicts it.
+        With `bury`, the message is kept in the dead letters (with its attempts) in the very
+        step that records its answer.
 
         Raises:
             FencedOut: `commit` is under a lease older than the record's fence (nothing written).
         """
         free = commit is None and not outcome.final
-        recorded = await self._record(work, outcome, commit, patient=not free)
+        letter = None if bury is None else await self._letter(work, outcome, bury)
+        recorded = await self._record(work, outcome, commit, patient=not free, letter=letter)
+        if recorded and letter is not None:
+            self._metrics.emit("on_dead_lettered", work.session_id, work.turn_id, bury)
         if recorded is None:
-            self._bg.spawn(self._record_later(work, outcome, commit), "mark-done-retry")
+            self._bg.spawn(self._record_later(work, outcome, commit, letter), "mark-done-retry")
             if not free:
                 self._tell_unknown(work.turn_id)
                 return None
@@ -144,20 +155,44 @@ class TurnOutcomes(RouterPart):
         await self.complete(work, failure, frame=failure.unrun_frame(work.session_id))
 
     async def _record(
-        self, work: TurnWork, outcome: Outcome, commit: StagedCommit | None, *, patient: bool
+        self,
+        work: TurnWork,
+        outcome: Outcome,
+        commit: StagedCommit | None,
+        *,
+        patient: bool,
+        letter: DeadLetter | None = None,
     ) -> bool | None:
         """mark_done, retried while the store is out of reach (only tried once unless
         `patient`): True recorded, False refused, None still unknown after `forward_ttl`."""
         within = self._config.forward_ttl if patient else 0.0
-        answered = await self._patiently(lambda: self._mark_done(work, outcome, commit), within)
+        answered = await self._patiently(
+            lambda: self._mark_done(work, outcome, commit, letter), within
+        )
         return None if answered is None else answered[0]
+
+    async def _letter(self, work: TurnWork, outcome: Outcome, reason: str) -> DeadLetter:
+        """The dead letter of a message whose last attempt failed: its earlier attempts from
+        the reservation (when it can be read), then this one."""
+        looked_up = await self._patiently(
+            lambda: self._backends.idempotency.find(work.session_id, work.key), 0.0
+        )
+        found = None if looked_up is None else looked_up[0]
+        earlier = found.history if found is not None and found.turn_id == work.turn_id else ()
+        last = AttemptRecord(max(work.attempt, 1), self._node_id, outcome.message, time.time())
+        source = "" if work.pending is None else work.pending.message_id
+        return letter_for_envelope(work.to_envelope(), source, reason, (*earlier, last))
 
     def _tell_unknown(self, turn_id: str) -> None:
         """This node's callers of the turn learn its answer is unknown (they may retry)."""
         self._callers.resolve(Outcome.unknown(turn_id, self._config.forward_ttl))
 
     async def _mark_done(
-        self, work: TurnWork, outcome: Outcome, commit: StagedCommit | None
+        self,
+        work: TurnWork,
+        outcome: Outcome,
+        commit: StagedCommit | None,
+        letter: DeadLetter | None = None,
     ) -> bool:
         # A started attempt answers only while it is the reservation's: a stale one is refused.
         return await self._backends.idempotency.mark_done(
@@ -168,17 +203,22 @@ class TurnOutcomes(RouterPart):
             primary_ttl(self._config, work.key),
             commit,
             work.attempt or None,
+            letter,
         )
 
     async def _record_later(
-        self, work: TurnWork, outcome: Outcome, commit: StagedCommit | None
+        self,
+        work: TurnWork,
+        outcome: Outcome,
+        commit: StagedCommit | None,
+        letter: DeadLetter | None = None,
     ) -> None:
         """Keep recording an outcome whose callers were told it is unknown, until the store
         answers; until then the reservation stays owned, so it never looks abandoned."""
         delay = _RETRY_FIRST
         while True:
             try:
-                await self._mark_done(work, outcome, commit)
+                await self._mark_done(work, outcome, commit, letter)
             except FencedOut:
                 break
             except Exception:
@@ -380,10 +420,28 @@ class TurnOutcomes(RouterPart):
     async def answer_unreadable(
         self, session_id: str, entry: UnreadableEntry, token: int | None = None
     ) -> None:
-        """Answer the submitter of an undecodable inbox entry at once with UNREADABLE (and drop
-        the entry from the pending set of lease `token`, when it was collected)."""
-        if token is not None:
-            await self.ack(session_id, PendingEntry(token, entry.message_id))
+        """Keep an undecodable inbox entry in the dead letters, then drop it from the pending set
+        of lease `token` (when it was collected; it stays pending when the letter could not be
+        kept, for a later collect to try again) and answer its submitter, when known, with
+        UNREADABLE."""
+        letter = letter_for_unreadable(
+            session_id,
+            entry.message_id,
+            entry.turn_id,
+            entry.idempotency_key,
+            f"unreadable inbox entry: {entry.reason}",
+            entry.raw,
+        )
+        try:
+            if await io(self._backends.dead_letters.add(letter)):
+                self._metrics.emit(
+                    "on_dead_lettered", session_id, entry.turn_id or "", letter.reason
+                )
+        except BackendUnavailableError as exc:
+            log.warning("dead letter of %s in %s not kept: %s", entry.message_id, session_id, exc)
+        else:
+            if token is not None:
+                await self.ack(session_id, PendingEntry(token, entry.message_id))
         if entry.turn_id is None:
             return
         outcome = Outcome.failure(

@@ -5,10 +5,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ...wire import Outcome
 from ._records import StagedCommit
+
+if TYPE_CHECKING:  # a letter holds attempt records: the import goes one way at run time
+    from ._dead_letters import DeadLetter
 
 
 class ReservationState(enum.StrEnum):
@@ -189,12 +192,14 @@ class IdempotencyStore(Protocol):
         primary_ttl: float,
         commit: StagedCommit | None = None,
         attempt: int | None = None,
+        dead_letter: DeadLetter | None = None,
     ) -> bool:
         """Record the outcome (DONE when final, else FAILED) and append `commit`'s entries to
         the session's transcript, as one atomic step, if the reservation is IN_FLIGHT for
         `outcome.turn_id` and held by `holder` or by nobody; False otherwise (nothing written).
         The outcome of an attempt (`attempt` given) is recorded only while `holder` holds the
-        reservation at that attempt: a stale attempt's answer is refused.
+        reservation at that attempt: a stale attempt's answer is refused. `dead_letter` (the
+        message of a last attempt that failed) is kept in the same step, once per letter id.
 
         So a turn's entries are committed if and only if its outcome is the reservation's: an
         outcome decided elsewhere first (a holder-loss reset) refuses the commit. Running the

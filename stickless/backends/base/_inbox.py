@@ -30,6 +30,8 @@ class UnreadableEntry:
     turn_id: str | None
     idempotency_key: str | None
     reason: str
+    #: The stored bytes (None when the entry's payload is gone), for the dead letters.
+    raw: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +98,8 @@ def decode_entries(
                 "unreadable inbox entry %s of session %s: %s", message_id, session_id, reason
             )
             turn_id, key = _salvage(data)
-            unreadable.append(UnreadableEntry(message_id, turn_id, key, reason))
+            raw = bytes(data) if isinstance(data, bytes | bytearray | memoryview) else None
+            unreadable.append(UnreadableEntry(message_id, turn_id, key, reason, raw))
     return CollectedBatch(sort_messages(messages), unreadable, redelivered, reclaimed)
 
 

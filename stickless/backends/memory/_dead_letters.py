@@ -14,7 +14,7 @@ from ..base import (
     unpack_letter,
     unreadable_letter,
 )
-from ._shared import Link
+from ._shared import Link, State
 
 
 def _decode(session_id: str, letter_id: str, data: bytes) -> DeadLetter:
@@ -25,6 +25,17 @@ def _decode(session_id: str, letter_id: str, data: bytes) -> DeadLetter:
         return unreadable_letter(letter_id, session_id, data, str(exc))
 
 
+def keep_letter(state: State, letter: DeadLetter, now: float) -> bool:
+    """Keep a letter unless one with its id is kept (the lock held); True when added."""
+    letters = state.dead_letters.setdefault(check_letter(letter), {})
+    if letter.letter_id in letters:
+        return False
+    if letter.dead_at == 0:
+        letter = replace(letter, dead_at=now)
+    letters[letter.letter_id] = pack_letter(letter)
+    return True
+
+
 class MemoryDeadLetterStore:
     """Letters kept packed (so a corrupt one behaves as in Redis), filed by session."""
 
@@ -33,15 +44,9 @@ class MemoryDeadLetterStore:
 
     async def add(self, letter: DeadLetter) -> bool:
         """Keep the letter once, stamping `dead_at` with the store clock when it is 0."""
-        session_id = check_letter(letter)
+        check_letter(letter)
         with self._link.open() as state:
-            letters = state.dead_letters.setdefault(session_id, {})
-            if letter.letter_id in letters:
-                return False
-            if letter.dead_at == 0:
-                letter = replace(letter, dead_at=state.clock())
-            letters[letter.letter_id] = pack_letter(letter)
-            return True
+            return keep_letter(state, letter, state.clock())
 
     async def plant_raw(self, session_id: str, letter_id: str, data: bytes) -> None:
         """Test hook: store arbitrary bytes as a letter (to plant corrupt ones)."""

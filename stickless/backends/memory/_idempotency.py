@@ -8,6 +8,7 @@ from ...wire import Outcome, pack
 from ..base import (
     REJECTED,
     AttemptRecord,
+    DeadLetter,
     FencedOut,
     Reservation,
     ReservationRef,
@@ -15,6 +16,7 @@ from ..base import (
     StagedCommit,
     Takeover,
 )
+from ._dead_letters import keep_letter
 from ._shared import InboxRow, Link, ReservationRow, State
 
 #: How far before "now" `expire_holder` puts a staleness deadline: staleness means strictly past
@@ -276,6 +278,7 @@ class MemoryIdempotencyStore:
         primary_ttl: float,
         commit: StagedCommit | None = None,
         attempt: int | None = None,
+        dead_letter: DeadLetter | None = None,
     ) -> bool:
         """Store the outcome (DONE when final, else FAILED), with `commit`'s entries appended to
         the transcript under the same lock, if IN_FLIGHT for its turn and held by `holder` or
@@ -312,6 +315,8 @@ class MemoryIdempotencyStore:
             row.outcome = data
             row.touched_at = now
             row.expires_at = now + primary_ttl
+            if dead_letter is not None:
+                keep_letter(state, dead_letter, now)
             return True
 
     async def compare_and_reset(

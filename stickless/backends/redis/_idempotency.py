@@ -16,12 +16,15 @@ from ...wire import (
 from ..base import (
     REJECTED,
     AttemptRecord,
+    DeadLetter,
     FencedOut,
     Reservation,
     ReservationRef,
     ReservationState,
     StagedCommit,
     Takeover,
+    check_letter,
+    pack_letter,
 )
 from ._keys import Keys, parse_reservation_member, reservation_member
 from ._role import _SCAN_BATCH, _SCAN_ROUNDS, _keep_index, _ms, _num, _Role, _text
@@ -315,6 +318,7 @@ class RedisIdempotencyStore(_Role):
         primary_ttl: float,
         commit: StagedCommit | None = None,
         attempt: int | None = None,
+        dead_letter: DeadLetter | None = None,
     ) -> bool:
         """Store the outcome (DONE when final, else FAILED), with `commit`'s entries appended to
         the transcript in the same script, if IN_FLIGHT for its turn and held by `holder` or
@@ -332,7 +336,17 @@ class RedisIdempotencyStore(_Role):
             entries = commit.committed(outcome.turn_id)
             staged = [str(commit.token), *(pack(e.model_dump(mode="python")) for e in entries)]
         keys = self._keys
-        reply, _, _ = await run_batch(
+        letter: list[str | bytes] = ["", ""]
+        calls = [
+            Call(None, ["ZREM", self._keys.stale_index, member]),
+            Call(None, ["SREM", self._keys.holder_reservations(holder), member]),
+        ]
+        if dead_letter is not None:
+            check_letter(dead_letter)
+            letter = [dead_letter.letter_id, pack_letter(dead_letter)]
+            # (an index member at 0 is settled by the next listing: see RedisDeadLetterStore)
+            calls.append(Call(None, ["ZADD", keys.dead_index, "NX", "0", dead_letter.letter_id]))
+        reply, *_ = await run_batch(
             self._client,
             [
                 Call(
@@ -341,6 +355,7 @@ class RedisIdempotencyStore(_Role):
                         keys.reservation(session_id, key),
                         keys.record(session_id),
                         keys.transcript(session_id),
+                        keys.dead_letters(session_id),
                     ],
                     [
                         holder,
@@ -349,11 +364,11 @@ class RedisIdempotencyStore(_Role):
                         outcome.encode(),
                         _num(primary_ttl),
                         "" if attempt is None else attempt,
+                        *letter,
                         *staged,
                     ],
                 ),
-                Call(None, ["ZREM", self._keys.stale_index, member]),
-                Call(None, ["SREM", self._keys.holder_reservations(holder), member]),
+                *calls,
             ],
         )
         result = int(reply[0])
