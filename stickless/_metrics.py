@@ -44,7 +44,8 @@ class SessionMetrics(Protocol):
         ...
 
     def on_retried(self, session_id: str, turn_id: str, attempt: int) -> None:
-        """A turn is scheduled to run again as `attempt` (1-based) after a failed attempt."""
+        """A turn starts again as `attempt` (2 or more) after an attempt that failed under the
+        retry policy or was lost with its holder."""
         ...
 
     def on_dead_lettered(self, session_id: str, turn_id: str, reason: str) -> None:

@@ -201,6 +201,21 @@ async def test_a_lost_turn_fails_once_its_attempts_are_used_up(
         (last,) = [disp for node_id, disp in followers.items() if node_id != second.node_id]
         assert await failure_code(last.result) is FailureCode.HOLDER_LOST
         assert _runs(journal, "long") == [1, 2]
+        # And the next holder, finding the message still pending, keeps it as a dead letter
+        # with both lost attempts
+        survivor = next(node for node in survivors if node is not second)
+
+        async def lettered() -> bool:
+            return bool(await survivor.dead_letters.list())
+
+        await wait_until(lettered)
+        (letter,) = await survivor.dead_letters.list()
+        assert letter.turn_id == last.turn_id and letter.envelope is not None
+        assert [(r.attempt, r.node) for r in letter.attempts] == [
+            (1, first.node_id),
+            (2, second.node_id),
+        ]
+        assert _runs(journal, "long") == [1, 2]
 
 
 async def test_under_fail_a_lost_turn_is_not_run_again(

@@ -364,6 +364,9 @@ class TurnOutcomes(RouterPart):
                 await self.ack(session_id, work.pending)
                 return False
             answer = found.outcome
+            if not await self._bury_lost(work, found, answer):
+                await self.announce(session_id, key, answer)
+                return False  # still pending: a later holder keeps the letter
         else:
             answer = Outcome.failure(
                 turn_id,
@@ -374,6 +377,25 @@ class TurnOutcomes(RouterPart):
         await self.announce(session_id, key, answer)
         await self.ack(session_id, work.pending)
         return False
+
+    async def _bury_lost(self, work: TurnWork, found: Reservation, answer: Outcome) -> bool:
+        """Keep the message of a turn whose holders were lost on every attempt it was allowed
+        (under on_holder_lost="retry", a HOLDER_LOST answer found for a message still pending)
+        in the dead letters; False when the letter could not be kept."""
+        if not self._steal_below or answer.code != FailureCode.HOLDER_LOST.value:
+            return True
+        attempt = max(found.attempt, 1)
+        last = AttemptRecord(attempt, found.holder or "", answer.message, found.touched_at)
+        source = "" if work.pending is None else work.pending.message_id
+        reason = f"lost with its holder on each of {attempt} attempt(s)"
+        letter = letter_for_envelope(work.to_envelope(), source, reason, (*found.history, last))
+        try:
+            if await io(self._backends.dead_letters.add(letter)):
+                self._metrics.emit("on_dead_lettered", work.session_id, work.turn_id, reason)
+        except BackendUnavailableError as exc:
+            log.warning("dead letter of %s not kept: %s", work.turn_id, exc)
+            return False
+        return True
 
     async def ack(self, session_id: str, pending: PendingEntry | None) -> None:
         """Drop an answered message from its session's pending set, retried in the background
