@@ -4,6 +4,8 @@ holder), and every attempt knows its number and fencing token."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from stickless import (
@@ -25,10 +27,12 @@ from .conftest import ClusterFactory
 QUICK = RetryPolicy(max_attempts=3, initial_interval=0.05, backoff_factor=1.0, jitter=0.0)
 
 
-async def _frames_until_end(stream: EventStream, turn_id: str | None = None) -> list[Event]:
+async def _frames_until_end(
+    stream: EventStream, turn_id: str | None = None, frames: list[Event] | None = None
+) -> list[Event]:
     """Every frame of a turn's stream (or of `turn_id` in a session's stream), up to the frame
-    that ends the turn."""
-    frames: list[Event] = []
+    that ends the turn, appended to `frames` as they come."""
+    frames = [] if frames is None else frames
     async for frame in stream:
         if turn_id is None or frame.turn_id == turn_id:
             frames.append(frame)
@@ -150,10 +154,13 @@ async def test_a_turn_whose_holder_died_runs_again_under_retry(
         submitter = holder if submitted_on == "holder" else other
         stream = other.events("s1")
         await stream.ready()
+        seen: list[Event] = []
         running = await submitter.submit(req("s1", "long", idempotency_key="k"))
         follower = await other.submit(req("s1", "long", idempotency_key="k"))
+        reading = asyncio.ensure_future(_frames_until_end(stream, running.turn_id, seen))
         await journal.entered["long"].wait()
-        # When the holder dies mid-turn
+        await wait_until(lambda: any(isinstance(f, TurnStarted) for f in seen))
+        # When the holder dies mid-turn (its first attempt's start seen by subscribers)
         await cluster.kill(holder)
         gate.set()
         # Then the turn runs again on the survivor as attempt 2, and the caller gets its result
@@ -164,7 +171,7 @@ async def test_a_turn_whose_holder_died_runs_again_under_retry(
         tokens = [token for _, _, t, _, token in journal.attempts if t == "long"]
         assert tokens[1] > tokens[0]
         # And subscribers saw the lost attempt interrupted (not the turn's end), then attempt 2
-        frames = await _frames_until_end(stream, running.turn_id)
+        frames = await reading
         lost = [f for f in frames if isinstance(f, Interrupted)]
         assert [(f.attempt, f.reason, f.retrying) for f in lost] == [
             (1, FailureCode.HOLDER_LOST.value, True)

@@ -4,32 +4,62 @@ is found only in the turn task's first step, answered LEASE_LOST without calling
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 
 import pytest
 
 from stickless import FailureCode, SessionRouter
+from stickless.backends.base import Lease
 
 from .agents import Journal, failure_code, req
 from .conftest import ClusterFactory
 
 
-def _doubt_at(node: SessionRouter, monkeypatch: pytest.MonkeyPatch, check: int) -> list[bool]:
-    """Make the node doubt its lease of s1 at its `check`-th look (1-based) after this call;
-    returns the answers given."""
+def _doubt_at(
+    node: SessionRouter,
+    monkeypatch: pytest.MonkeyPatch,
+    checks: Collection[int],
+    *,
+    gone: bool = True,
+) -> list[bool]:
+    """Make the node doubt its lease of s1 at its `checks`-th looks (1-based) after this call,
+    and the store then answer that the lease is `gone` (or still held); returns the node's
+    answers."""
     renewer = node.renewer
     surely: Callable[[str, int], bool] = renewer.surely_holds
+    leases = node.backends.leases
+    renew_many = leases.renew_many
     answers: list[bool] = []
 
     def doubting(session_id: str, token: int) -> bool:
         held = surely(session_id, token)
         if session_id == "s1":
-            held = held and len(answers) + 1 != check
+            held = held and len(answers) + 1 not in checks
             answers.append(held)
         return held
 
+    async def confirming(batch: Sequence[Lease], ttl: float) -> list[Lease | None]:
+        if gone and [lease.session_id for lease in batch] == ["s1"]:
+            return [None]
+        return await renew_many(batch, ttl)
+
     monkeypatch.setattr(renewer, "surely_holds", doubting)
+    monkeypatch.setattr(leases, "renew_many", confirming)
     return answers
+
+
+async def test_a_lease_in_doubt_that_the_store_confirms_runs_the_turn(
+    journal: Journal, cluster_over: ClusterFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with cluster_over(nodes=1) as cluster:
+        node = cluster.nodes[0]
+        await (await node.submit(req("s1", "first"))).result
+        # Given the node doubts its lease at every look (its renewals were slow), but the store
+        # still has it held by the node
+        _doubt_at(node, monkeypatch, {1, 2, 3}, gone=False)
+        # Then the turn runs and commits as usual
+        assert (await (await node.submit(req("s1", "next"))).result).text == "echo:next"
+        assert journal.texts("s1") == ["first", "next"]
 
 
 async def test_a_turn_whose_lease_is_in_doubt_before_it_starts_is_handed_on(
@@ -39,7 +69,7 @@ async def test_a_turn_whose_lease_is_in_doubt_before_it_starts_is_handed_on(
         holder, other = cluster.nodes
         await (await holder.submit(req("s1", "first"))).result
         # Given the holder doubts its lease right before starting the next turn
-        answers = _doubt_at(holder, monkeypatch, check=1)
+        answers = _doubt_at(holder, monkeypatch, {1})
         disp = await other.submit(req("s1", "next"))
         # Then the turn is not started there but handed on, and its caller still gets its result
         result = await disp.result
@@ -56,7 +86,7 @@ async def test_a_turn_whose_lease_is_in_doubt_when_its_task_starts_never_calls_t
         await (await node.submit(req("s1", "first"))).result
         # Given the node still holds its lease as the turn is prepared, but not any more when
         # the turn task takes its first step
-        answers = _doubt_at(node, monkeypatch, check=2)
+        answers = _doubt_at(node, monkeypatch, {2})
         disp = await node.submit(req("s1", "late"))
         # Then the agent is never called and the caller is told LEASE_LOST
         assert await failure_code(disp.result) is FailureCode.LEASE_LOST

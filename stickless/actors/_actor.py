@@ -403,7 +403,7 @@ class SessionActor:
             self._starting, self._cancel_starting = None, None
         if reason is not None and (handle is not None or self._mailbox.take(work.turn_id)):
             await answer_cancelled(self._host, work, reason)  # prepared, or put back for later
-        elif handle is not None and not self._host.holds_lease(self.session_id, self.token):
+        elif handle is not None and not await self._host.holds_lease(self.session_id, self.token):
             # Paused or cut off past the lease while preparing: another node may run the
             # session by now, so the turn is handed on, not started here.
             self._put_back(work)
@@ -483,7 +483,9 @@ class SessionActor:
         if await self._retry(running, task):
             return
         running.bury = exhausted(self._host, work, task, bool(running.joined))
-        outcome, terminal, commit, lease_lost = conclude(self._host, running, task, self.lease)
+        outcome, terminal, commit, lease_lost = await conclude(
+            self._host, running, task, self.lease
+        )
         if lease_lost:
             self.lose_lease()
         self.running = None
@@ -503,7 +505,7 @@ class SessionActor:
         Raises:
             NotStarted: the lease may have run out meanwhile; the agent was not called.
         """
-        if not self._host.holds_lease(self.session_id, self.token):
+        if not await self._host.holds_lease(self.session_id, self.token):
             raise NotStarted("lease may have run out before the turn started")
         return await handle.run_turn(context)
 

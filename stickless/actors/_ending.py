@@ -90,7 +90,7 @@ def retrying_frame(work: TurnWork, error: BaseException, node: str) -> TurnFaile
     return TurnFailed(message=message, executed_by=node, retrying=True)
 
 
-def conclude(
+async def conclude(
     host: ActorHost, running: RunningTurn, task: asyncio.Task[TurnOutput], lease: Lease | None
 ) -> tuple[Outcome, Event, StagedCommit | None, bool]:
     """The agent task's end as an outcome, a terminal frame, on success the staged entries to
@@ -119,7 +119,7 @@ def conclude(
     commit = None
     staged = running.context.transcript.staged
     if staged:
-        if lease is None or not host.holds_lease(work.session_id, lease.token):
+        if lease is None or not await host.holds_lease(work.session_id, lease.token):
             message = "lease lost before commit"
             return (*failed(work, FailureCode.LEASE_LOST, message, node), None, True)
         commit = StagedCommit(lease.token, tuple(staged))

@@ -109,9 +109,10 @@ class ActorHost(Protocol):
         self, session_id: str, entry: UnreadableEntry, token: int
     ) -> None: ...
 
-    def holds_lease(self, session_id: str, token: int) -> bool:
+    async def holds_lease(self, session_id: str, token: int) -> bool:
         """Whether the session is held under `token` and that lease cannot have run out yet
-        (checked before a turn starts and before it commits)."""
+        (checked before a turn starts and before it commits; confirmed with the store when the
+        last renewal is too old to be sure)."""
         ...
 
     def lease_lost(self, session_id: str, token: int) -> None:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._config import RouterConfig
+from .._errors import BackendUnavailableError
 from .._events import Event
 from .._session import LiveSession, LiveSessionOpener
 from ..actors import Later, SessionActor, TurnWork
 from ..backends.base import Backends, StagedCommit, UnreadableEntry
 from ..wire import Outcome
+from ._background import io
 from ._context import NodeContext, RouterPart
 from ._control import ControlChannel
 from ._handover import Handover
@@ -83,8 +86,23 @@ class NodeActorHost(RouterPart):
     async def answer_unreadable(self, session_id: str, entry: UnreadableEntry, token: int) -> None:
         await self._outcomes.answer_unreadable(session_id, entry, token)
 
-    def holds_lease(self, session_id: str, token: int) -> bool:
-        return self._renewer.surely_holds(session_id, token)
+    async def holds_lease(self, session_id: str, token: int) -> bool:
+        # In doubt (the last renewal was sent a TTL ago or more: a slow acquire, a busy store, a
+        # pause), the lease is renewed now: the answer is then sure, at one round trip.
+        if self._renewer.surely_holds(session_id, token):
+            return True
+        lease = self._renewer.lease(session_id)
+        if lease is None or lease.token != token:
+            return False
+        sent_at = time.monotonic()
+        try:
+            (renewed,) = await io(self._backends.leases.renew_many([lease], self._config.lease_ttl))
+        except BackendUnavailableError:
+            return False
+        if renewed is None:
+            return False
+        self._renewer.renewed(renewed, sent_at)
+        return True
 
     def lease_lost(self, session_id: str, token: int) -> None:
         actor = self._sessions.get(session_id)

@@ -77,6 +77,22 @@ class LeaseRenewer:
             lease = self._leases.get(session_id)
             return lease is not None and lease.token == token
 
+    def lease(self, session_id: str) -> Lease | None:
+        """The lease this node holds on the session, as last renewed (None: not held)."""
+        with self._lock:
+            return self._leases.get(session_id)
+
+    def renewed(self, lease: Lease, sent_at: float) -> None:
+        """A renewal of `lease` sent at `sent_at` (`time.monotonic()`) outside the renewal
+        thread succeeded: the lease is sure for a TTL from then."""
+        with self._lock:
+            current = self._leases.get(lease.session_id)
+            if current is None or current.token != lease.token:
+                return
+            self._leases[lease.session_id] = lease
+            at = self._renewed_at.get(lease.session_id, sent_at)
+            self._renewed_at[lease.session_id] = max(at, sent_at)
+
     def surely_holds(self, session_id: str, token: int) -> bool:
         """Whether the node holds the session under `token` and that lease cannot have run out:
         less than a lease TTL has passed since the acquire or renewal that last extended it was
