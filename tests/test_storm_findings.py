@@ -36,7 +36,8 @@ from stickless.backends.redis import _idempotency as stores
 from stickless.testing import LocalCluster
 from stickless.wire import Outcome
 
-from .agents import Journal, ScriptedOpener
+from .agents import Journal, ScriptedOpener, failure_code, req
+from .conftest import make_cluster
 from .mp_cluster import poll
 from .storm.journal import Journal as StormJournal
 from .storm.journal import JournalOpener
@@ -411,3 +412,33 @@ async def test_a_late_evict_does_not_fail_a_caller_attached_to_the_next_lease() 
         # (before bd38119 it got TurnFailedError(EVICTED): SessionRouter._attach registered its
         # _Forward with token 0, and _apply_evict fails every forward whose token <= the EVICT's)
         assert (await asyncio.wait_for(on_c.result, FORWARD_TTL)) == result
+
+
+async def test_a_submit_whose_reserve_is_rerun_after_its_turn_was_declared_lost_gets_that_answer(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with make_cluster(journal, nodes=2) as cluster:
+        a, b = cluster.nodes
+        await (await a.submit(req("s1", "first"))).result
+        idempotency = b.backends.idempotency
+        put_if_absent = idempotency.put_if_absent
+        lost = Outcome.failure("", FailureCode.HOLDER_LOST, "holder stopped answering")
+
+        async def rerun_after_a_reset(*args: Any, **kwargs: Any) -> Any:
+            # The reserve runs; its reply is lost while another node declares the turn lost;
+            # the client sends the reserve again.
+            await put_if_absent(*args, **kwargs)
+            session_id, key, turn_id = args[:3]
+            verdict = lost.model_copy(update={"turn_id": turn_id})
+            assert await idempotency.compare_and_reset(session_id, key, args[4], verdict)
+            return await put_if_absent(*args, **kwargs)
+
+        monkeypatch.setattr(idempotency, "put_if_absent", rerun_after_a_reset)
+        # When B's submit goes through that
+        disp = await b.submit(req("s1", "revived?", idempotency_key="k"))
+        # Then its caller gets the recorded answer and the turn never runs
+        assert await failure_code(disp.result) is FailureCode.HOLDER_LOST
+        assert journal.texts("s1") == ["first"]
+        found = await cluster.backends.idempotency.find("s1", "c:k")
+        assert found is not None and found.outcome is not None
+        assert found.outcome.code == FailureCode.HOLDER_LOST.value

@@ -45,13 +45,23 @@ class Verdict(enum.Enum):
     DROP_GHOST = "drop-ghost"  # this node's own refused submit: drop it, then try again
 
 
-def classify(existing: Reservation | None, input_hash: str, refused_turn_id: str | None) -> Verdict:
-    """Decide a submit from its key's existing reservation (None: we just reserved it)."""
+def classify(
+    existing: Reservation | None,
+    input_hash: str,
+    refused_turn_id: str | None,
+    turn_id: str | None = None,
+) -> Verdict:
+    """Decide a submit (of `turn_id`) from its key's existing reservation (None: we just
+    reserved it)."""
     if existing is None:
         return Verdict.PLACE
     if existing.input_hash != input_hash:
         return Verdict.CONFLICT
     if existing.state is ReservationState.DONE and existing.outcome is not None:
+        return Verdict.CACHED
+    if existing.turn_id == turn_id and existing.outcome is not None:
+        # This very submit's turn, answered already (declared lost while the reserve's reply
+        # was on its way): that answer is the submit's.
         return Verdict.CACHED
     if existing.stale:
         return Verdict.RESET_STALE
@@ -125,7 +135,9 @@ class Submitter(SessionPart):
             except BackendUnavailableError:
                 await self._discard(session_id, key, turn_id)  # it may have been written
                 raise
-            verdict = classify(existing, input_hash, self._refused.get((session_id, key)))
+            verdict = classify(
+                existing, input_hash, self._refused.get((session_id, key)), turn_id
+            )
             if verdict is Verdict.PLACE:
                 # Touched by renewals from now on: however long placing takes, the reservation
                 # of a live submit never looks abandoned to a holder-loss sweep.

@@ -117,6 +117,22 @@ async def test_put_if_absent_returns_done_with_outcome(backends: Backends) -> No
     assert existing.outcome == _ok()
 
 
+async def test_a_rerun_of_a_reserve_whose_turn_was_declared_lost_does_not_revive_it(
+    backends: Backends,
+) -> None:
+    idem = backends.idempotency
+    # Given a reserve that ran, and its turn declared lost before the reserve's reply arrived
+    await _reserve(backends)
+    lost = _failed()
+    assert await idem.compare_and_reset("s1", "k1", "node-a", lost)
+    # When the same reserve is sent again (a client retry after the lost reply)
+    again = await idem.put_if_absent("s1", "k1", "t1", "hash-t1", "node-a", LONG, DAY)
+    # Then it finds the turn's answer instead of reserving the turn anew
+    assert again is not None
+    assert (again.turn_id, again.state, again.outcome) == ("t1", ReservationState.FAILED, lost)
+    assert (await _find(backends)).state is ReservationState.FAILED
+
+
 async def test_failed_reservation_counts_as_absent(backends: Backends) -> None:
     # Given a reservation whose turn failed
     await _reserve(backends)

@@ -102,8 +102,10 @@ class IdempotencyStore(Protocol):
         primary_ttl: float,
     ) -> Reservation | None:
         """Reserve the key (IN_FLIGHT, held by `holder`); None when created, else the existing
-        reservation. A FAILED one, or one past the primary TTL, counts as absent and is replaced.
-        The same call made again (same turn and holder) finds its own reservation: None."""
+        reservation. A FAILED one of another turn, or one past the primary TTL, counts as absent
+        and is replaced. The same call made again (same turn and holder) finds its own
+        reservation: None while IN_FLIGHT, the reservation once it was answered (a FAILED turn is
+        never reserved again)."""
         ...
 
     async def touch_many(self, refs: Sequence[ReservationRef], secondary_ttl: float) -> None:

@@ -113,7 +113,11 @@ class MemoryIdempotencyStore:
             row = _live_reservation(state, session_id, key, now)
             if row is not None and row.turn_id == turn_id and _held_by(row, holder):
                 return None
-            if row is not None and row.state is not ReservationState.FAILED:
+            # FAILED is free for a new turn, never for its own (a rerun after it was declared
+            # lost must not bring it back).
+            if row is not None and (
+                row.state is not ReservationState.FAILED or row.turn_id == turn_id
+            ):
                 return _view(session_id, key, row, now)
             state.reservations[(session_id, key)] = ReservationRow(
                 turn_id=turn_id,

@@ -1,13 +1,15 @@
 -- KEYS: reservation hash. ARGV: turn, input hash, holder, secondary ttl, primary ttl.
 -- Reply: {1, stale deadline} when reserved (or already reserved by this very call: a rerun
 -- after a lost reply finds its own reservation), {0, reservation} when another exists (not
--- FAILED).
+-- FAILED, or FAILED for this very turn).
 local t = now()
 local r = load_reservation(KEYS[1], t)
 if r and r.turn == ARGV[1] and r.state == 'IN_FLIGHT' and r.holder == ARGV[3] then
   return {1, r.stale}
 end
-if r and r.state ~= 'FAILED' then
+-- A FAILED one is free for a new turn, but not for its own: a rerun of this very call after
+-- the turn was declared lost in between must not bring the turn back to life.
+if r and (r.state ~= 'FAILED' or r.turn == ARGV[1]) then
   return {0, reservation_reply(r, t)}
 end
 local stale = fmt(t + tonumber(ARGV[4]))
