@@ -106,6 +106,14 @@ def serialization(
         verdict.violations.append((invariant, message))
 
     stamps = {kill.node: kill.stamp for kill in history.kills}
+    starts: dict[str, list[float]] = defaultdict(list)
+    for run in history.executions:
+        starts[run.turn_id].append(run.start)
+    superseded = {
+        id(run)
+        for run in history.executions
+        if attempts_rerun and any(start > run.start for start in starts[run.turn_id])
+    }
     for turn_id, times in Counter(e.turn_id for e in history.executions).items():
         if times > 1 and not attempts_rerun:
             fail("3 idempotency", f"turn {turn_id} executed {times} times")
@@ -128,10 +136,11 @@ def serialization(
             refused = []
             for end, earlier in running:
                 outage = None
-                # An earlier attempt of the same turn committed nothing: the next one began
-                # only after it was given up, and a given-up attempt's commit is refused.
-                same_turn = attempts_rerun and earlier.turn_id == later.turn_id
-                if lease_ttl is not None and (earlier.turn_id not in committed or same_turn):
+                # An attempt that a later attempt of its turn followed committed nothing: the
+                # next one began only after it was given up, and a given-up attempt's commit is
+                # refused (commits_per_key checks the turn committed once).
+                given_up = id(earlier) in superseded
+                if lease_ttl is not None and (earlier.turn_id not in committed or given_up):
                     outage = kept_past_lease(earlier, end, later, history.outages, lease_ttl)
                 if outage is None:
                     refused.append(earlier.turn_id)
