@@ -266,3 +266,22 @@ async def test_an_attempt_given_up_while_its_holder_kept_the_lease_runs_again(
         record = await cluster.backends.records.load("s1")
         assert record is not None
         assert [e.content for e in record.entries] == ["long", "echo:long"]
+
+
+async def test_an_interrupt_between_attempts_cancels_the_turn_instead_of_running_it_again(
+    journal: Journal, cluster_over: ClusterFactory
+) -> None:
+    async with cluster_over(nodes=3, on_holder_lost="retry") as cluster:
+        holder, *others = cluster.nodes
+        await (await holder.submit(req("s1", "first"))).result
+        journal.gate("long")
+        running = await holder.submit(req("s1", "long", idempotency_key="k"))
+        follower = await others[0].submit(req("s1", "long", idempotency_key="k"))
+        await journal.entered["long"].wait()
+        # Given the holder died mid-turn and no node runs the turn's next attempt yet
+        await cluster.kill(holder)
+        # When a client interrupts the turn (nothing is running it: nothing is interrupted now)
+        assert not await others[1].interrupt("s1", "USER", turn_id=running.turn_id)
+        # Then the next holder cancels the turn rather than running it again
+        assert await failure_code(follower.result) is FailureCode.INTERRUPTED
+        assert _runs(journal, "long") == [1]

@@ -14,9 +14,7 @@ from typing import Any
 
 from .._errors import FailureCode
 from .._events import (
-    LATE_TERMINAL_SEQ,
     Event,
-    Interrupted,
     TurnStarted,
 )
 from .._session import LiveSession, Transcript, TurnContext
@@ -39,7 +37,7 @@ from ._ending import (
 from ._host import ActorHost, Later, StopReason
 from ._mailbox import Mailbox
 from ._relay import EventRelay
-from ._unrun import answer_cancelled, fail_unrun, failed, failure, reject
+from ._unrun import answer_cancelled, answer_cut_short, fail_unrun, failed, reject
 from ._work import PendingEntry, TurnWork
 
 log = logging.getLogger("stickless.actor")
@@ -175,6 +173,10 @@ class SessionActor:
             return True
         return False
 
+    def remember_cancel(self, turn_id: str, reason: str) -> None:
+        """Cancel `turn_id` when it reaches this actor (an interrupt that came before it)."""
+        self._mailbox.remember_cancel(turn_id, reason)
+
     def lose_lease(self) -> None:
         """Forget the lease at once (renewal failed or a write was fenced out): no further turn
         starts here, the next fenced commit is refused locally, and the host is told once so it
@@ -279,14 +281,14 @@ class SessionActor:
             if not self._mailbox.admit(message.envelope.turn_id):
                 continue
             work = TurnWork.from_envelope(message.envelope, PendingEntry(token, message.message_id))
-            reason = self._mailbox.cancelled(work.turn_id)
-            if reason is None:
-                kept.append(work)
-            else:
-                await answer_cancelled(self._host, work, reason)
+            work.cancelled = self._mailbox.cancelled(work.turn_id)
+            kept.append(work)
         if max_priority is Priority.NOW:
             taken = []
             for work in kept:
+                if work.cancelled is not None:
+                    self._mailbox.push(work)  # cancelled like any queued turn, in order
+                    continue
                 answer = await self._host.take_over(work)
                 if isinstance(answer, Later):
                     self._mailbox.push(work)  # waits for its take-over like any queued turn
@@ -395,7 +397,7 @@ class SessionActor:
         return record.entries if record is not None else ()
 
     async def _execute(self, work: TurnWork) -> None:
-        self._starting, self._cancel_starting = work, None
+        self._starting, self._cancel_starting = work, work.cancelled
         try:
             handle = await self._prepare(work)
             reason = self._cancel_starting
@@ -431,11 +433,14 @@ class SessionActor:
             answer = await self._host.take_over(work)
             if not isinstance(answer, Later):
                 return answer
+            # A cancelled turn still held by a lost holder is taken over first (its answer can
+            # only be recorded by its holder): it is cancelled once won.
+            cancel_now = self._cancel_starting is not None and not answer.held
             self._wake_starting.clear()
-            if self._cancel_starting is None and self.accepting and self.lease is not None:
+            if not cancel_now and self.accepting and self.lease is not None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake_starting.wait(), answer.wait)
-            if self._cancel_starting is not None or not self.accepting or self.lease is None:
+            if cancel_now or not self.accepting or self.lease is None:
                 self._put_back(work)  # answered cancelled by `_execute`, or handed on
                 return False
 
@@ -570,16 +575,7 @@ class SessionActor:
                 task.cancel()
                 await asyncio.wait({task})
                 if running is not None:  # its relay was aborted: the frame comes late
-                    work, node = running.work, self._host.node_id
-                    frame = Interrupted(
-                        session_id=work.session_id,
-                        turn_id=work.turn_id,
-                        seq=LATE_TERMINAL_SEQ,
-                        reason=reason.value,
-                        executed_by=node,
-                    )
-                    lost = failure(work, reason.interrupt_code, reason.value, node)
-                    await self._host.complete(work, lost, frame=frame)
+                    await answer_cut_short(self._host, running.work, reason)
         if self._last_relay is not None:
             # Terminal frames go out before the session's EVICT or hand-over is announced.
             await self._last_relay.flushed(self._host.config.release_interrupt_timeout)

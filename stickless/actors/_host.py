@@ -49,6 +49,8 @@ class Later:
     attempt whose holder may still answer)."""
 
     wait: float
+    #: Held by a holder that may still answer (not a retry's backoff).
+    held: bool = False
 
 
 class ActorHost(Protocol):

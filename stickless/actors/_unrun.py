@@ -4,9 +4,9 @@ prepare), and the outcome helpers its turns share."""
 from __future__ import annotations
 
 from .._errors import FailureCode
-from .._events import Event, Interrupted, Rejected, TurnFailed
+from .._events import LATE_TERMINAL_SEQ, Event, Interrupted, Rejected, TurnFailed
 from ..wire import Outcome
-from ._host import ActorHost
+from ._host import ActorHost, StopReason
 from ._work import TurnWork
 
 
@@ -19,6 +19,21 @@ def failed(work: TurnWork, code: FailureCode, message: str, node: str) -> tuple[
     outcome = failure(work, code, message, node)
     # The outcome's message is already made safe for the wire (see Outcome.message).
     return outcome, TurnFailed(code=code, message=outcome.message, executed_by=node)
+
+
+async def answer_cut_short(host: ActorHost, work: TurnWork, reason: StopReason) -> None:
+    """A running turn a stop cancelled past its grace: its relay was aborted, so its frame
+    comes late (after any of its own)."""
+    node = host.node_id
+    frame = Interrupted(
+        session_id=work.session_id,
+        turn_id=work.turn_id,
+        attempt=max(work.attempt, 1),
+        seq=LATE_TERMINAL_SEQ,
+        reason=reason.value,
+        executed_by=node,
+    )
+    await host.complete(work, failure(work, reason.interrupt_code, reason.value, node), frame=frame)
 
 
 async def answer_cancelled(host: ActorHost, work: TurnWork, reason: str) -> None:

@@ -48,6 +48,8 @@ class TurnWork:
     #: The attempt this work runs as (0: not started; set when it is taken over, 1 when its
     #: submitter runs it).
     attempt: int = 0
+    #: Why the turn is cancelled before it starts (an interrupt that came before it), if it is.
+    cancelled: str | None = None
     order: int = field(default_factory=lambda: next(_order))
 
     @classmethod

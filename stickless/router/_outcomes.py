@@ -350,7 +350,7 @@ class TurnOutcomes(RouterPart):
                 self._metrics.emit("on_retried", session_id, turn_id, takeover.attempt)
             return True
         if acquired is not None and acquired[0].wait > 0:
-            return Later(acquired[0].wait)
+            return Later(acquired[0].wait, held=acquired[0].held)
         if acquired is not None:
             self._metrics.emit("on_takeover_rejected", session_id, key)
             looked_up = await self._patiently(lambda: idem.find(session_id, key))

@@ -15,6 +15,10 @@ from ._context import NodeContext, RouterPart
 ActorFactory = Callable[[str, Lease, "str | None"], SessionActor]
 
 
+#: How many named interrupts of turns not running here a node remembers.
+_REMEMBERED_INTERRUPTS = 1024
+
+
 class LocalSessions(RouterPart):
     """Actors by session id; a session's actor exists exactly while this node holds its lease."""
 
@@ -28,7 +32,17 @@ class LocalSessions(RouterPart):
         self._new_actor = new_actor
         self._on_claimed = on_claimed
         self._actors: dict[str, SessionActor] = {}
+        #: Named interrupts of turns no actor here ran when they came: (session, turn) ->
+        #: reason, the oldest forgotten past `_REMEMBERED_INTERRUPTS`; an actor made for the
+        #: session later cancels such a turn when it reaches it (its next attempt, say).
+        self._interrupts: dict[tuple[str, str], str] = {}
         self.locks = KeyedLocks()
+
+    def remember_interrupt(self, session_id: str, turn_id: str, reason: str) -> None:
+        """Keep a named interrupt that found no actor of the session here, for one made later."""
+        self._interrupts[(session_id, turn_id)] = reason
+        while len(self._interrupts) > _REMEMBERED_INTERRUPTS:
+            del self._interrupts[next(iter(self._interrupts))]
 
     def get(self, session_id: str) -> SessionActor | None:
         return self._actors.get(session_id)
@@ -101,6 +115,9 @@ class LocalSessions(RouterPart):
                     f"session {session_id} is bound to agent {bound!r}, not {agent_ref!r}"
                 )
         actor = self._new_actor(session_id, won, bound)
+        for (session, turn_id), reason in self._interrupts.items():
+            if session == session_id:
+                actor.remember_cancel(turn_id, reason)
         self._actors[session_id] = actor
         self._metrics.emit("on_cache_miss", session_id)
         self._on_claimed()

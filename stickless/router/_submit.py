@@ -135,9 +135,7 @@ class Submitter(SessionPart):
             except BackendUnavailableError:
                 await self._discard(session_id, key, turn_id)  # it may have been written
                 raise
-            verdict = classify(
-                existing, input_hash, self._refused.get((session_id, key)), turn_id
-            )
+            verdict = classify(existing, input_hash, self._refused.get((session_id, key)), turn_id)
             if verdict is Verdict.PLACE:
                 # Touched by renewals from now on: however long placing takes, the reservation
                 # of a live submit never looks abandoned to a holder-loss sweep.

@@ -65,6 +65,8 @@ class Takeover:
     #: Not won yet: ask again after this many seconds (a retry's backoff is not over, or the
     #: holder of the running attempt may still answer).
     wait: float = 0.0
+    #: The wait is for a holder's running attempt (not a retry's backoff).
+    held: bool = False
     #: Won from a holder that stopped answering: the attempt that holder lost (0: none), and
     #: that holder.
     lost: int = 0

@@ -167,7 +167,7 @@ class MemoryIdempotencyStore:
                     return Takeover(wait=row.due_at - now)
             elif _may_steal(state, session_id, row, steal_below):
                 if row.stale_at >= now:
-                    return Takeover(wait=row.stale_at - now)
+                    return Takeover(wait=row.stale_at - now, held=True)
                 lost = _give_up_attempt(row, "holder stopped answering", now)
                 lost_by = row.holder or ""
             else:

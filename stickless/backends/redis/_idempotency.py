@@ -187,7 +187,9 @@ class RedisIdempotencyStore(_Role):
         )
         if int(reply[0]):
             return Takeover(attempt=int(reply[0]), lost=int(reply[3]), lost_by=_text(reply[4]))
-        return Takeover(wait=float(reply[1])) if len(reply) > 1 else REJECTED
+        if len(reply) > 1:
+            return Takeover(wait=float(reply[1]), held=len(reply) > 2)
+        return REJECTED
 
     async def requeue_lost(
         self,

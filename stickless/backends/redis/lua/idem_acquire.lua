@@ -3,8 +3,9 @@
 -- Takes a holderless IN_FLIGHT reservation made for that turn as its next attempt (a rerun after
 -- a lost reply finds it taken by this holder: the same attempt), or, with ARGV[5], one held by
 -- a holder that stopped answering.
--- Reply: {attempt, turn, stale deadline, attempt lost, its holder} when taken; {0, seconds to wait} when it
--- may be taken later (a retry's backoff, a holder not stale yet); {0} when refused.
+-- Reply: {attempt, turn, stale deadline, attempt lost, its holder} when taken; {0, seconds to wait,
+-- 1 when a holder's attempt is waited for} when it may be taken later (a retry's backoff, a
+-- holder not stale yet); {0} when refused.
 local t = now()
 local r = load_reservation(KEYS[1], t)
 if not r or r.state ~= 'IN_FLIGHT' or r.turn ~= ARGV[3] then
@@ -20,7 +21,7 @@ if not r.holder then
   end
 elseif may_run_again(r, KEYS[2], tonumber(ARGV[5])) then
   if tonumber(r.stale) >= t then
-    return {0, fmt(tonumber(r.stale) - t)}
+    return {0, fmt(tonumber(r.stale) - t), 1}
   end
   lost, lost_by = give_up_attempt(KEYS[1], r, 'holder stopped answering', t), r.holder
 else
