@@ -76,10 +76,9 @@ class Interrupts(SessionPart):
             return True
         if turn_id is None:
             return False
-        if actor is None:
-            # (an actor remembers it itself) The turn may run here later: a next attempt
-            # after its holder was lost, a retry, a message this node is yet to collect.
-            self._sessions.remember_interrupt(session_id, turn_id, reason)
+        # The turn may run here later, maybe under another actor: a next attempt after its
+        # holder was lost, a retry, a message this node is yet to collect.
+        self._sessions.remember_interrupt(session_id, turn_id, reason)
         return await self._withdraw(session_id, turn_id, reason)
 
     async def _withdraw(self, session_id: str, turn_id: str, reason: str) -> bool:

@@ -97,7 +97,7 @@ class LocalWaves:
         await self.cluster.kill(victim)
         return Kill(victim.node_id, time.monotonic(), mid_turn=bool(running))
 
-    async def after_kill(self, kill: Kill, probe: Call) -> None:
+    async def after_kill(self, kill: Kill, probes: list[Call]) -> None:
         return None
 
     async def add_node(self) -> Any:

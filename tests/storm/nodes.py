@@ -84,9 +84,12 @@ class NodeWaves:
         await victim.sigkill()
         return Kill(victim.node_id, time.monotonic(), stamp=await self.cluster.server_time())
 
-    async def after_kill(self, kill: Kill, probe: Call) -> None:
+    async def after_kill(self, kill: Kill, probes: list[Call]) -> None:
         kill.mid_turn = bool(await self.unfinished_on(kill.node))
-        await self.cluster.open_gate(probe.tag)  # (nobody waits on it any more)
+        # Nobody waits on a probe any more: the victim's, and those never caught running (they
+        # may have started since, or run again as a next attempt, and must end).
+        for probe in probes:
+            await self.cluster.open_gate(probe.tag)
 
     async def unfinished_on(self, node_id: str) -> list[str]:
         unfinished = []

@@ -89,7 +89,9 @@ class WaveCluster(Protocol):
     async def kill(self, victim: Any, calls: list[Call]) -> Kill: ...
 
     #: After the crash wave: finish the kill's record, let the probe go.
-    async def after_kill(self, kill: Kill, probe: Call) -> None: ...
+    async def after_kill(self, kill: Kill, probes: list[Call]) -> None:
+        """After a crash: `probes` are every probe placed so far (the last one the victim's)."""
+        ...
 
     async def add_node(self) -> Any: ...
 
@@ -300,7 +302,7 @@ class WaveStorm:
                 steps.insert(rng.randrange(len(steps) + 1), self.restart())
             await asyncio.gather(*steps)
             if probe is not None:
-                await cluster.after_kill(self.history.kills[-1], probe[0])
+                await cluster.after_kill(self.history.kills[-1], [c for c in self.calls if c.probe])
                 await cluster.add_node()
             await asyncio.sleep(rng.uniform(*plan.pacing))
         await asyncio.gather(*self.background)
