@@ -285,3 +285,24 @@ async def test_an_interrupt_between_attempts_cancels_the_turn_instead_of_running
         # Then the next holder cancels the turn rather than running it again
         assert await failure_code(follower.result) is FailureCode.INTERRUPTED
         assert _runs(journal, "long") == [1]
+
+
+async def test_an_interrupt_during_a_retrys_backoff_cancels_it_on_its_holder(
+    journal: Journal, cluster_over: ClusterFactory
+) -> None:
+    policy = RetryPolicy(max_attempts=3, initial_interval=30.0, jitter=0.0)
+    async with cluster_over(nodes=1, retry=policy) as cluster:
+        node = cluster.nodes[0]
+        journal.fail_first["flaky"] = 1
+        disp = await node.submit(req("s1", "flaky", idempotency_key="k"))
+
+        async def backing_off() -> bool:
+            found = await cluster.backends.idempotency.find("s1", "c:k")
+            return found is not None and bool(found.history) and found.holder is None
+
+        await wait_until(backing_off)
+        # When the turn is interrupted while its retry waits out a long backoff on this node
+        assert await node.interrupt("s1", "USER", turn_id=disp.turn_id)
+        # Then its caller is answered INTERRUPTED at once, and the retry never runs
+        assert await failure_code(disp.result) is FailureCode.INTERRUPTED
+        assert _runs(journal, "flaky") == [1]

@@ -194,7 +194,9 @@ class TurnOutcomes(RouterPart):
         commit: StagedCommit | None,
         letter: DeadLetter | None = None,
     ) -> bool:
-        # A started attempt answers only while it is the reservation's: a stale one is refused.
+        # A started attempt this node holds answers only while it is the reservation's: a stale
+        # one is refused. Work between attempts (a retry waiting out its backoff) holds nothing:
+        # it is answered like a turn that never started.
         return await self._backends.idempotency.mark_done(
             work.session_id,
             work.key,
@@ -202,7 +204,7 @@ class TurnOutcomes(RouterPart):
             outcome,
             primary_ttl(self._config, work.key),
             commit,
-            work.attempt or None,
+            (work.attempt or None) if work.owned else None,
             letter,
         )
 

@@ -186,3 +186,19 @@ async def test_an_attempt_answers_only_while_held(backends: Backends) -> None:
     await _make_holderless(backends)
     assert not await idem.mark_done("s1", "k1", "node-a", _ok(), DAY, attempt=1)
     assert await idem.mark_done("s1", "k1", "node-a", _ok(), DAY)
+
+
+async def test_an_answered_turn_is_never_taken_over_again(
+    backends: Backends, wait_until: Any
+) -> None:
+    idem = backends.idempotency
+    # Given a turn with a durable copy whose answer is recorded, the copy never acknowledged
+    await _reserve(backends, secondary_ttl=SHORT)
+    assert await idem.hold("s1", "k1", "t1", "node-a", TOKEN, _envelope()) is not None
+    assert await idem.mark_done("s1", "k1", "node-a", _ok(), DAY, attempt=1)
+    # Then a successor collecting the copy, however late, cannot run it again
+    taken = await idem.acquire_holder("s1", "k1", "t1", "node-b", LONG, steal_below=3)
+    assert taken == REJECTED
+    assert await idem.requeue_lost("s1", "k1", "t1", "node-a", "gone", 3, LONG) == 0
+    found = await _find(backends)
+    assert (found.holder, found.attempt, found.history) == ("node-a", 0, ())

@@ -165,7 +165,9 @@ class MemoryIdempotencyStore:
             if _held_by(row, None):
                 if row.due_at > now:
                     return Takeover(wait=row.due_at - now)
-            elif _may_steal(state, session_id, row, steal_below):
+            elif row.state is ReservationState.IN_FLIGHT and _may_steal(
+                state, session_id, row, steal_below
+            ):
                 if row.stale_at >= now:
                     return Takeover(wait=row.stale_at - now, held=True)
                 lost = _give_up_attempt(row, "holder stopped answering", now)
