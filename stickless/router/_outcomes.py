@@ -254,7 +254,9 @@ class TurnOutcomes(RouterPart):
             delay = min(delay * 2, _RETRY_CAP)
         withdrawn = Outcome.failure(work.turn_id, code, f"not run: {why}", self._node_id)
         idem = self._backends.idempotency
-        won = await quiet(idem.compare_and_reset(work.session_id, work.key, None, withdrawn))
+        won = await quiet(
+            idem.compare_and_reset(work.session_id, work.key, None, withdrawn, unstarted_only=True)
+        )
         return withdrawn if won else None
 
     @property

@@ -134,7 +134,9 @@ class Sweeps(SessionPart):
         delay = _WITHDRAW_RETRY_FIRST
         for _ in range(_WITHDRAW_ATTEMPTS):  # a store blip must not leave the message queued
             won = await quiet(
-                idem.compare_and_reset(forward.session_id, forward.key, None, withdrawn)
+                idem.compare_and_reset(
+                    forward.session_id, forward.key, None, withdrawn, unstarted_only=True
+                )
             )
             if won:  # it never runs: its stream ends here
                 frame = withdrawn.unrun_frame(forward.session_id)

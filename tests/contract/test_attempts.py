@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stickless._errors import FailureCode
 from stickless._types import Priority, UserInput
 from stickless.backends.base import REJECTED, Backends, Reservation, Takeover
 from stickless.wire import Envelope, Outcome
@@ -202,3 +203,20 @@ async def test_an_answered_turn_is_never_taken_over_again(
     assert await idem.requeue_lost("s1", "k1", "t1", "node-a", "gone", 3, LONG) == 0
     found = await _find(backends)
     assert (found.holder, found.attempt, found.history) == ("node-a", 0, ())
+
+
+async def test_a_not_run_answer_is_refused_once_an_attempt_started(backends: Backends) -> None:
+    idem = backends.idempotency
+    withdrawn = Outcome.failure("t1", FailureCode.FORWARD_TIMEOUT, "not run: still queued")
+    # Given two holderless reservations: one never taken over, one between attempts (its first
+    # attempt failed and a retry waits out its backoff)
+    await _make_holderless(backends, "queued")
+    await _reserve(backends, "retrying")
+    parked = await idem.schedule_retry(
+        "s1", "retrying", "t1", "node-a", TOKEN, _envelope(), 1, "boom", LONG, LONG
+    )
+    assert parked is not None
+    # Then a "not run" withdraw wins only on the one that never started
+    assert not await idem.compare_and_reset("s1", "retrying", None, withdrawn, unstarted_only=True)
+    assert await idem.compare_and_reset("s1", "queued", None, withdrawn, unstarted_only=True)
+    assert (await _find(backends, "retrying")).outcome is None

@@ -217,9 +217,16 @@ class IdempotencyStore(Protocol):
         ...
 
     async def compare_and_reset(
-        self, session_id: str, key: str, expected_holder: str | None, outcome: Outcome
+        self,
+        session_id: str,
+        key: str,
+        expected_holder: str | None,
+        outcome: Outcome,
+        *,
+        unstarted_only: bool = False,
     ) -> bool:
-        """If IN_FLIGHT for `outcome.turn_id` and held by `expected_holder`, mark it FAILED with
+        """If IN_FLIGHT for `outcome.turn_id` and held by `expected_holder` (with
+        `unstarted_only`, and no attempt of it started: a "not run" answer), mark it FAILED with
         `outcome`; exactly one of several concurrent callers wins, and a newer attempt under the
         same key is never reset by a decision about an older one."""
         ...

@@ -326,7 +326,13 @@ class MemoryIdempotencyStore:
             return True
 
     async def compare_and_reset(
-        self, session_id: str, key: str, expected_holder: str | None, outcome: Outcome
+        self,
+        session_id: str,
+        key: str,
+        expected_holder: str | None,
+        outcome: Outcome,
+        *,
+        unstarted_only: bool = False,
     ) -> bool:
         """Record `outcome` (DONE when final, else FAILED) if IN_FLIGHT for its turn and held
         by `expected_holder`."""
@@ -339,6 +345,8 @@ class MemoryIdempotencyStore:
             if row.state is not ReservationState.IN_FLIGHT:
                 return row.outcome == data  # the same call made again: it still won
             if not _held_by(row, expected_holder):
+                return False
+            if unstarted_only and (row.attempt or row.history):
                 return False
             row.state = ReservationState.DONE if outcome.final else ReservationState.FAILED
             row.outcome = data

@@ -385,7 +385,13 @@ class RedisIdempotencyStore(_Role):
         return False
 
     async def compare_and_reset(
-        self, session_id: str, key: str, expected_holder: str | None, outcome: Outcome
+        self,
+        session_id: str,
+        key: str,
+        expected_holder: str | None,
+        outcome: Outcome,
+        *,
+        unstarted_only: bool = False,
     ) -> bool:
         """Record `outcome` (DONE when final, else FAILED) if IN_FLIGHT for its turn and held
         by `expected_holder`."""
@@ -397,6 +403,7 @@ class RedisIdempotencyStore(_Role):
                 outcome.encode(),
                 outcome.turn_id,
                 (ReservationState.DONE if outcome.final else ReservationState.FAILED).value,
+                "1" if unstarted_only else "0",
             ],
         )
         if not int(reply[0]):

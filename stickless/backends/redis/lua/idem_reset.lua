@@ -1,6 +1,7 @@
 -- KEYS: reservation hash. ARGV: 1 when a holder is expected (0: holderless), holder, outcome,
--- the outcome's turn id, state (FAILED, or DONE for a final outcome). Records the outcome if
--- IN_FLIGHT for that turn and held as expected.
+-- the outcome's turn id, state (FAILED, or DONE for a final outcome), 1 when no attempt of the
+-- turn may have started (a "not run" answer). Records the outcome if IN_FLIGHT for that turn,
+-- held as expected (and never started, when asked).
 -- Reply: {1, turn} when reset, else {0}.
 local t = now()
 local r = load_reservation(KEYS[1], t)
@@ -19,6 +20,9 @@ if ARGV[1] == '1' then
     return {0}
   end
 elseif r.holder then
+  return {0}
+end
+if ARGV[6] == '1' and (r.attempt > 0 or r.history) then
   return {0}
 end
 redis.call('HSET', KEYS[1], 'state', ARGV[5], 'outcome', ARGV[3], 'touched', fmt(t))
