@@ -220,3 +220,27 @@ async def test_a_not_run_answer_is_refused_once_an_attempt_started(backends: Bac
     assert not await idem.compare_and_reset("s1", "retrying", None, withdrawn, unstarted_only=True)
     assert await idem.compare_and_reset("s1", "queued", None, withdrawn, unstarted_only=True)
     assert (await _find(backends, "retrying")).outcome is None
+
+
+async def test_a_give_back_and_a_retry_never_take_each_others_write_for_their_own(
+    backends: Backends,
+) -> None:
+    idem = backends.idempotency
+    # Given attempt 1 given back by a sweep (lost), then a retry scheduled for the same attempt
+    await _reserve(backends, "requeued")
+    assert await idem.hold("s1", "requeued", "t1", "node-a", TOKEN, _envelope()) is not None
+    assert await idem.requeue_lost("s1", "requeued", "t1", "node-a", "gone", 3, LONG) == 1
+    # Then the retry is refused (no backoff is skipped by mistaking the give-back for itself)
+    assert (
+        await idem.schedule_retry(
+            "s1", "requeued", "t1", "node-a", TOKEN, _envelope(), 1, "boom", LONG, LONG
+        )
+        is None
+    )
+    # And given a retry scheduled, a late give-back of that attempt is refused
+    await _reserve(backends, "retried")
+    parked = await idem.schedule_retry(
+        "s1", "retried", "t1", "node-a", TOKEN, _envelope(), 1, "boom", LONG, LONG
+    )
+    assert parked is not None
+    assert await idem.requeue_lost("s1", "retried", "t1", "node-a", "gone", 3, LONG) == 0

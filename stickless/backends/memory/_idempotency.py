@@ -63,10 +63,12 @@ def _may_steal(state: State, session_id: str, row: ReservationRow, below: int) -
     return any(row.pending in rows for rows in state.pending.get(session_id, {}).values())
 
 
-def _give_up_attempt(row: ReservationRow, reason: str, now: float) -> int:
-    """Record the held attempt in the history as given up; its number."""
+def _give_up_attempt(row: ReservationRow, reason: str, now: float, how: str) -> int:
+    """Record the held attempt in the history as given up, and how ("lost" or "retry": a rerun
+    of one call must not take the other's write for its own); its number."""
     row.attempt = max(row.attempt, 1)
     row.history.append(AttemptRecord(row.attempt, row.holder or "", reason, now))
+    row.given = how
     return row.attempt
 
 
@@ -170,7 +172,7 @@ class MemoryIdempotencyStore:
             ):
                 if row.stale_at >= now:
                     return Takeover(wait=row.stale_at - now, held=True)
-                lost = _give_up_attempt(row, "holder stopped answering", now)
+                lost = _give_up_attempt(row, "holder stopped answering", now, "lost")
                 lost_by = row.holder or ""
             else:
                 return REJECTED
@@ -198,11 +200,13 @@ class MemoryIdempotencyStore:
             row = _live_reservation(state, session_id, key, now)
             if row is None or row.turn_id != turn_id:
                 return 0
-            if _held_by(row, None) and row.history and row.history[-1].node == holder:
-                return row.history[-1].attempt  # the same call made again
+            last = row.history[-1] if row.history else None
+            rerun = last is not None and (last.node, row.given) == (holder, "lost")
+            if _held_by(row, None) and last is not None and rerun:
+                return last.attempt  # the same call made again
             if not (_held_by(row, holder) and _may_steal(state, session_id, row, max_attempts)):
                 return 0
-            lost = _give_up_attempt(row, reason, now)
+            lost = _give_up_attempt(row, reason, now, "lost")
             row.holder = None
             row.touched_at = now
             row.stale_at = now + forward_ttl
@@ -244,17 +248,13 @@ class MemoryIdempotencyStore:
             if (
                 _held_by(row, None)
                 and last is not None
-                and (last.attempt, last.node)
-                == (
-                    attempt,
-                    holder,
-                )
+                and (last.attempt, last.node, row.given) == (attempt, holder, "retry")
             ):
                 return row.pending  # the same call made again
             if not _held_by(row, holder) or max(row.attempt, 1) != attempt:
                 return None
             row.pending = _keep_pending(state, session_id, row, token, envelope, now, turn_id)
-            _give_up_attempt(row, reason, now)
+            _give_up_attempt(row, reason, now, "retry")
             row.holder = None
             row.due_at = now + delay
             row.touched_at = now

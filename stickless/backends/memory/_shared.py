@@ -75,6 +75,8 @@ class ReservationRow:
     pending: str | None = None
     #: A scheduled retry is not taken over before this store-clock time.
     due_at: float = 0.0
+    #: How the last attempt in the history was given up: "lost" or "retry".
+    given: str = ""
 
 
 class State:

@@ -45,13 +45,13 @@ end
 -- A reservation hash as a table, or nil when missing or past its primary TTL.
 local function load_reservation(key, t)
   local v = redis.call('HMGET', key, 'turn', 'hash', 'holder', 'state', 'touched', 'stale', 'exp',
-    'outcome', 'attempt', 'history', 'pending', 'due')
+    'outcome', 'attempt', 'history', 'pending', 'due', 'given')
   if not v[4] or tonumber(v[7]) <= t then
     return nil
   end
   return {turn = v[1], hash = v[2], holder = v[3], state = v[4], touched = v[5], stale = v[6],
     outcome = v[8], attempt = tonumber(v[9] or '0'), history = v[10], pending = v[11],
-    due = tonumber(v[12] or '0')}
+    due = tonumber(v[12] or '0'), given = v[13]}
 end
 
 -- The number of a reservation's held attempt: one run by its submitter is 1 without a write.
@@ -65,8 +65,10 @@ local function may_run_again(r, pending_ids, below)
     redis.call('ZSCORE', pending_ids, r.pending) ~= false
 end
 
--- Record r's held attempt in its history as given up ({attempt, node, reason, at}); its number.
-local function give_up_attempt(key, r, reason, t)
+-- Record r's held attempt in its history as given up ({attempt, node, reason, at}), and how
+-- ('lost' with its holder, or 'retry' after it failed: a rerun of one call must not take the
+-- other's write for its own); its number.
+local function give_up_attempt(key, r, reason, t, how)
   local history = {}
   if r.history then
     history = cmsgpack.unpack(r.history)
@@ -75,7 +77,7 @@ local function give_up_attempt(key, r, reason, t)
   table.insert(history, {lost, r.holder or '', reason, fmt(t)})
   r.history = cmsgpack.pack(history)
   r.attempt = lost
-  redis.call('HSET', key, 'attempt', lost, 'history', r.history)
+  redis.call('HSET', key, 'attempt', lost, 'history', r.history, 'given', how)
   return lost
 end
 

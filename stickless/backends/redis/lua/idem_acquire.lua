@@ -23,7 +23,7 @@ elseif may_run_again(r, KEYS[2], tonumber(ARGV[5])) then
   if tonumber(r.stale) >= t then
     return {0, fmt(tonumber(r.stale) - t), 1}
   end
-  lost, lost_by = give_up_attempt(KEYS[1], r, 'holder stopped answering', t), r.holder
+  lost, lost_by = give_up_attempt(KEYS[1], r, 'holder stopped answering', t, 'lost'), r.holder
 else
   return {0}
 end

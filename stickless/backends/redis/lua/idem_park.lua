@@ -15,7 +15,8 @@ end
 local retry = ARGV[1] == 'retry'
 if retry and not r.holder then
   local last = last_attempt(r)
-  if last and last[1] == tonumber(ARGV[6]) and last[2] == ARGV[3] and r.pending then
+  if last and last[1] == tonumber(ARGV[6]) and last[2] == ARGV[3] and r.given == 'retry' and
+    r.pending then
     return {r.pending, r.stale}
   end
 end
@@ -31,7 +32,7 @@ redis.call('HSET', KEYS[1], 'pending', id)
 if not retry then
   return {id, r.stale}
 end
-give_up_attempt(KEYS[1], r, ARGV[7], t)
+give_up_attempt(KEYS[1], r, ARGV[7], t, 'retry')
 local due = t + tonumber(ARGV[8])
 local stale = fmt(due + tonumber(ARGV[9]))
 redis.call('HDEL', KEYS[1], 'holder')

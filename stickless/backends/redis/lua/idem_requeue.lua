@@ -9,13 +9,13 @@ if not r or r.state ~= 'IN_FLIGHT' or r.turn ~= ARGV[1] then
   return {0}
 end
 local last = last_attempt(r)
-if not r.holder and last and last[2] == ARGV[2] then
+if not r.holder and last and last[2] == ARGV[2] and r.given == 'lost' then
   return {last[1], r.stale}
 end
 if r.holder ~= ARGV[2] or not may_run_again(r, KEYS[2], tonumber(ARGV[4])) then
   return {0}
 end
-local lost = give_up_attempt(KEYS[1], r, ARGV[3], t)
+local lost = give_up_attempt(KEYS[1], r, ARGV[3], t, 'lost')
 local stale = fmt(t + tonumber(ARGV[5]))
 redis.call('HDEL', KEYS[1], 'holder')
 redis.call('HSET', KEYS[1], 'touched', fmt(t), 'stale', stale)
