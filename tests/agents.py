@@ -7,9 +7,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from stickless import (
     FailureCode,
     LiveSession,
+    SessionRouter,
     SubmitRequest,
     TerminalError,
     TextDelta,
@@ -155,3 +158,17 @@ async def failure_code(result: asyncio.Future[Any]) -> FailureCode | None:
     except TurnFailedError as failed:
         return failed.code
     return None
+
+
+def stall_take_overs(router: SessionRouter, monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """Make `router`'s take-overs hang for good (its collected messages stay pending, never
+    started); the returned event is set once one is hanging."""
+    stuck, never = asyncio.Event(), asyncio.Event()
+
+    async def stalled_acquire(*args: object, **kwargs: object) -> object:
+        stuck.set()
+        await never.wait()
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(router.backends.idempotency, "acquire_holder", stalled_acquire)
+    return stuck

@@ -4,8 +4,6 @@ whose pending payload is gone; both are answered, never dropped silently."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from stickless import FailureCode, RetryPolicy, SubmitKind
@@ -13,7 +11,7 @@ from stickless.backends.base import ReservationState
 from stickless.backends.redis import RedisBackends
 from stickless.testing import LocalCluster
 
-from .agents import Journal, ScriptedOpener, failure_code, req, wait_until
+from .agents import Journal, ScriptedOpener, failure_code, req, stall_take_overs, wait_until
 from .conftest import FAST, ClusterFactory
 
 QUICK = RetryPolicy(max_attempts=3, initial_interval=0.05, backoff_factor=1.0, jitter=0.0)
@@ -77,14 +75,7 @@ async def test_a_pending_entry_whose_payload_is_gone_is_dead_lettered_not_droppe
         holder, b = cluster.nodes
         await (await holder.submit(req("s1", "first"))).result
         # Given a holder that collected a message and stalls before taking it over
-        stuck, never = asyncio.Event(), asyncio.Event()
-
-        async def stalled_acquire(*args: object, **kwargs: object) -> object:
-            stuck.set()
-            await never.wait()
-            raise AssertionError("unreachable")
-
-        monkeypatch.setattr(holder.backends.idempotency, "acquire_holder", stalled_acquire)
+        stuck = stall_take_overs(holder, monkeypatch)
         disp = await b.submit(req("s1", "lost payload"))
         await stuck.wait()
         # And the message's payload is gone from the pending set (its id kept)

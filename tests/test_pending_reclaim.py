@@ -10,7 +10,7 @@ import pytest
 
 from stickless import BackendUnavailableError
 
-from .agents import Journal, req, wait_until
+from .agents import Journal, req, stall_take_overs, wait_until
 from .conftest import ClusterFactory
 
 QUICK = dict(
@@ -29,15 +29,7 @@ async def test_messages_collected_by_a_holder_that_died_before_taking_them_run_o
         holder, b, c = cluster.nodes
         await (await holder.submit(req("s1", "first"))).result
         # Given a holder that collects forwarded messages but stalls before taking them over
-        stuck = asyncio.Event()
-        never = asyncio.Event()
-
-        async def stalled_acquire(*args: object, **kwargs: object) -> object:
-            stuck.set()
-            await never.wait()
-            raise AssertionError("unreachable")
-
-        monkeypatch.setattr(holder.backends.idempotency, "acquire_holder", stalled_acquire)
+        stuck = stall_take_overs(holder, monkeypatch)
         on_b = await b.submit(req("s1", "from b"))
         on_c = await c.submit(req("s1", "from c"))
         await stuck.wait()

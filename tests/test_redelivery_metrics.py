@@ -15,7 +15,7 @@ from stickless import Priority
 from stickless.backends.base import CollectedBatch
 from stickless.testing import CountingMetrics
 
-from .agents import Journal, req
+from .agents import Journal, req, stall_take_overs
 from .conftest import ClusterFactory
 
 QUICK = dict(
@@ -39,14 +39,7 @@ async def test_a_successor_taking_over_a_dead_holders_messages_counts_them_redel
         holder, b, c = cluster.nodes
         await (await holder.submit(req("s1", "first"))).result
         # Given a holder that collected a forwarded message and stalls before taking it over
-        stuck, never = asyncio.Event(), asyncio.Event()
-
-        async def stalled_acquire(*args: object, **kwargs: object) -> object:
-            stuck.set()
-            await never.wait()
-            raise AssertionError("unreachable")
-
-        monkeypatch.setattr(holder.backends.idempotency, "acquire_holder", stalled_acquire)
+        stuck = stall_take_overs(holder, monkeypatch)
         on_b = await b.submit(req("s1", "from b"))
         await stuck.wait()
         assert (await cluster.backends.inbox.pending_stats(["s1"]))["s1"].pending == 1

@@ -487,7 +487,7 @@ class SessionActor:
         running.concluded = True
         if await self._retry(running, task):
             return
-        running.bury = exhausted(self._host, work, task, bool(running.joined))
+        running.bury = exhausted(self._host, running, task)
         outcome, terminal, commit, lease_lost = await conclude(
             self._host, running, task, self.lease
         )
@@ -518,8 +518,7 @@ class SessionActor:
         """Schedule the next attempt of a turn the retry policy runs again; True when it is
         (the failed attempt's frame goes out, and the work waits at the head of the mailbox)."""
         work = running.work
-        interrupted = running.interrupt_code is not None
-        error = None if interrupted else retryable(self._host, work, task, bool(running.joined))
+        error = retryable(self._host, running, task)
         if error is None or not await schedule(self._host, work, self.token, error):
             return False
         running.relay.emit(retrying_frame(work, error, self._host.node_id))

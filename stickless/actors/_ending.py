@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from .._errors import FailureCode
 from .._events import Event, Interrupted, TurnCompleted, TurnFailed
+from .._retry import RetryPolicy
 from .._session import TurnContext
 from .._types import TurnOutput
 from ..backends.base import Lease, StagedCommit
@@ -44,33 +45,40 @@ class RunningTurn:
     bury: str | None = None
 
 
-def retryable(
-    host: ActorHost, work: TurnWork, task: asyncio.Task[TurnOutput], joined: bool
+def _retried_error(
+    running: RunningTurn, task: asyncio.Task[TurnOutput], policy: RetryPolicy
 ) -> BaseException | None:
-    """The agent error to run the turn again for, or None: the policy retries it and attempts
-    are left. A turn NOW messages joined is not run again (they joined this attempt)."""
-    policy = host.config.retry
-    if policy is None or joined or task.cancelled():
+    """The agent error of a turn the retry policy would run again (attempts left or not); None
+    for an interrupted turn, one NOW messages joined (they joined this attempt), or an error
+    the policy does not retry."""
+    if running.interrupt_code is not None or running.joined or task.cancelled():
         return None
     error = task.exception()
     if error is None or isinstance(error, NotStarted) or not policy.retries(error):
         return None
-    return error if max(work.attempt, 1) < policy.max_attempts else None
+    return error
 
 
-def exhausted(
-    host: ActorHost, work: TurnWork, task: asyncio.Task[TurnOutput], joined: bool
-) -> str | None:
+def retryable(
+    host: ActorHost, running: RunningTurn, task: asyncio.Task[TurnOutput]
+) -> BaseException | None:
+    """The agent error to run the turn again for, or None: the policy retries it and attempts
+    are left."""
+    policy = host.config.retry
+    if policy is None or max(running.work.attempt, 1) >= policy.max_attempts:
+        return None
+    return _retried_error(running, task, policy)
+
+
+def exhausted(host: ActorHost, running: RunningTurn, task: asyncio.Task[TurnOutput]) -> str | None:
     """Why a failed turn's message is dead-lettered: the retry policy would have run it again
     but its attempts are used up; None otherwise."""
     policy = host.config.retry
-    if policy is None or joined or task.cancelled():
+    attempt = max(running.work.attempt, 1)
+    if policy is None or attempt < policy.max_attempts:
         return None
-    error = task.exception()
-    if error is None or isinstance(error, NotStarted) or not policy.retries(error):
-        return None
-    attempt = max(work.attempt, 1)
-    if attempt < policy.max_attempts:
+    error = _retried_error(running, task, policy)
+    if error is None:
         return None
     return f"failed {attempt} attempt(s), the last with {type(error).__name__}: {error}"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from .._errors import BackendUnavailableError, FailureCode
@@ -180,8 +180,25 @@ class TurnOutcomes(RouterPart):
         found = None if looked_up is None else looked_up[0]
         earlier = found.history if found is not None and found.turn_id == work.turn_id else ()
         last = AttemptRecord(max(work.attempt, 1), self._node_id, outcome.message, time.time())
+        return self._letter_of(work, reason, (*earlier, last))
+
+    @staticmethod
+    def _letter_of(work: TurnWork, reason: str, attempts: Sequence[AttemptRecord]) -> DeadLetter:
+        """The dead letter of a readable message, named by its pending entry (if any)."""
         source = "" if work.pending is None else work.pending.message_id
-        return letter_for_envelope(work.to_envelope(), source, reason, (*earlier, last))
+        return letter_for_envelope(work.to_envelope(), source, reason, attempts)
+
+    async def _keep_letter(self, letter: DeadLetter) -> bool:
+        """Keep a dead letter (`on_dead_lettered` when it is new); False when the store could not
+        be reached (the message then stays pending, for a later holder to try again)."""
+        try:
+            if await io(self._backends.dead_letters.add(letter)):
+                turn_id = letter.turn_id or ""
+                self._metrics.emit("on_dead_lettered", letter.session_id, turn_id, letter.reason)
+        except BackendUnavailableError as exc:
+            log.warning("dead letter %s not kept: %s", letter.letter_id, exc)
+            return False
+        return True
 
     def _tell_unknown(self, turn_id: str) -> None:
         """This node's callers of the turn learn its answer is unknown (they may retry)."""
@@ -390,16 +407,8 @@ class TurnOutcomes(RouterPart):
             return True
         attempt = max(found.attempt, 1)
         last = AttemptRecord(attempt, found.holder or "", answer.message, found.touched_at)
-        source = "" if work.pending is None else work.pending.message_id
         reason = f"lost with its holder on each of {attempt} attempt(s)"
-        letter = letter_for_envelope(work.to_envelope(), source, reason, (*found.history, last))
-        try:
-            if await io(self._backends.dead_letters.add(letter)):
-                self._metrics.emit("on_dead_lettered", work.session_id, work.turn_id, reason)
-        except BackendUnavailableError as exc:
-            log.warning("dead letter of %s not kept: %s", work.turn_id, exc)
-            return False
-        return True
+        return await self._keep_letter(self._letter_of(work, reason, (*found.history, last)))
 
     async def ack(self, session_id: str, pending: PendingEntry | None) -> None:
         """Drop an answered message from its session's pending set, retried in the background
@@ -458,16 +467,8 @@ class TurnOutcomes(RouterPart):
             f"unreadable inbox entry: {entry.reason}",
             entry.raw,
         )
-        try:
-            if await io(self._backends.dead_letters.add(letter)):
-                self._metrics.emit(
-                    "on_dead_lettered", session_id, entry.turn_id or "", letter.reason
-                )
-        except BackendUnavailableError as exc:
-            log.warning("dead letter of %s in %s not kept: %s", entry.message_id, session_id, exc)
-        else:
-            if token is not None:
-                await self.ack(session_id, PendingEntry(token, entry.message_id))
+        if await self._keep_letter(letter) and token is not None:
+            await self.ack(session_id, PendingEntry(token, entry.message_id))
         if entry.turn_id is None:
             return
         outcome = Outcome.failure(
