@@ -108,7 +108,6 @@ class Handover(SessionPart):
                 log.warning("re-delivery of %s failed: %s", work.turn_id, exc)
                 await self._outcomes.fail(work, FailureCode.NOT_HOLDER, why)
                 continue
-            self._renewer.disown(work.session_id, work.key)
             handed = await self._outcomes.hand_on(work, FailureCode.NOT_HOLDER, why)
             if handed is not None:  # queued anew, or withdrawn: this copy is done with
                 await self._outcomes.ack(work.session_id, work.pending)
@@ -146,7 +145,7 @@ class Handover(SessionPart):
     async def _end_everywhere(self, session_id: str, *, delete: bool) -> None:
         """End the session here if this node holds it or can take it; else ask its holder
         (YIELD, asked again every `interrupt_grace`), which ends it and broadcasts EVICT. A holder
-        that died is outlived: its lease expires within `lease_ttl` and this node takes it.
+        that died is outlived: its liveness runs out within `lease_ttl` and this node takes it.
 
         The holder does the ending itself, so no other node can claim the session between a
         hand-over and the ending, and no turn is stopped for an end that does not happen.
@@ -200,10 +199,7 @@ class Handover(SessionPart):
             return actor.lease
         if actor is not None:
             await self._retire(actor, StopReason.LEASE_LOST)
-        won = await io(
-            self._backends.leases.acquire(session_id, self._node_id, self._config.lease_ttl)
-        )
-        return won
+        return await io(self._backends.leases.acquire(session_id, self._node_id))
 
     async def _end_session(self, session_id: str, lease: Lease, *, delete: bool) -> None:
         """Release/delete on the holder: stop, purge (EVICTED), release, broadcast EVICT."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -87,22 +86,17 @@ class NodeActorHost(RouterPart):
         await self._outcomes.answer_unreadable(session_id, entry, token)
 
     async def holds_lease(self, session_id: str, token: int) -> bool:
-        # In doubt (the last renewal was sent a TTL ago or more: a slow acquire, a busy store, a
-        # pause), the lease is renewed now: the answer is then sure, at one round trip.
+        # In doubt (the last liveness renewal was sent a TTL ago or more: a busy store, a
+        # pause), the incarnation is renewed now: the answer is then sure, at one round trip.
         if self._renewer.surely_holds(session_id, token):
             return True
-        lease = self._renewer.lease(session_id)
-        if lease is None or lease.token != token:
+        if not self._renewer.holds(session_id, token):
             return False
-        sent_at = time.monotonic()
         try:
-            (renewed,) = await io(self._backends.leases.renew_many([lease], self._config.lease_ttl))
+            alive = await io(self._renewer.confirm(self._backends))
         except BackendUnavailableError:
             return False
-        if renewed is None:
-            return False
-        self._renewer.renewed(renewed, sent_at)
-        return True
+        return alive and self._renewer.holds(session_id, token)
 
     def lease_lost(self, session_id: str, token: int) -> None:
         actor = self._sessions.get(session_id)

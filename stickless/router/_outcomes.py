@@ -109,7 +109,6 @@ class TurnOutcomes(RouterPart):
                 self._tell_unknown(work.turn_id)
                 return None
         else:
-            self._renewer.disown(work.session_id, work.key)
             if recorded:
                 await self.ack(work.session_id, work.pending)
         if recorded is not False:
@@ -233,7 +232,8 @@ class TurnOutcomes(RouterPart):
         letter: DeadLetter | None = None,
     ) -> None:
         """Keep recording an outcome whose callers were told it is unknown, until the store
-        answers; until then the reservation stays owned, so it never looks abandoned."""
+        answers; until then the reservation stays held by this live node, so it never looks
+        abandoned."""
         delay = _RETRY_FIRST
         while True:
             try:
@@ -245,7 +245,6 @@ class TurnOutcomes(RouterPart):
                 delay = min(delay * 2, _RETRY_CAP)
                 continue
             break
-        self._renewer.disown(work.session_id, work.key)
         await self.ack(work.session_id, work.pending)
 
     async def hand_on(self, work: TurnWork, code: FailureCode, why: str) -> str | Outcome | None:
@@ -322,7 +321,6 @@ class TurnOutcomes(RouterPart):
         )
         if scheduled is None or scheduled[0] is None:
             return False
-        self._renewer.disown(work.session_id, work.key)
         work.pending = PendingEntry(token, scheduled[0])
         work.owned = False
         return True
@@ -363,7 +361,6 @@ class TurnOutcomes(RouterPart):
                 await self._announce_lost_attempt(
                     session_id, turn_id, takeover.lost, takeover.lost_by
                 )
-            self._renewer.own(session_id, key)
             self._callers.run_here(turn_id)
             work.owned = True
             work.attempt = takeover.attempt

@@ -1,10 +1,13 @@
-"""Lease renewal on its own thread, event loop and backend connections (see "Leases" in
-docs/architecture.md).
+"""Node liveness on its own thread, event loop and backend connections (see "Node liveness"
+in docs/architecture.md).
 
-A renewal tick that waits behind a busy turn is indistinguishable from a stolen lease, so the
-renewer never shares the node's event loop. One tick renews every lease the node holds and
-touches every reservation it owns, one round trip per role. A watchdog stops renewing when the
-node's main loop has not ticked for `watchdog_timeout`, so a wedged node lets its sessions go.
+A node's leases and held reservations live as long as its incarnation's liveness key, so one
+tick renews that one key, however many sessions the node holds. A renewal that waits behind a
+busy turn is indistinguishable from a dead node, so the renewer never shares the node's event
+loop. A watchdog stops renewing when the node's main loop has not ticked for
+`watchdog_timeout`, so a wedged node lets its sessions go. When the incarnation is found dead
+(expired, retired, replaced), every lease it held is lost at once and a new incarnation is
+registered: a lease won under the old one is never taken for the new one's (`epoch`).
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ import asyncio
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 
-from ..backends.base import Backends, Lease, ReservationRef
+from ..backends.base import Backends, Lease
 
 log = logging.getLogger("stickless.renewal")
 
@@ -24,7 +28,7 @@ LostCallback = Callable[[str, int], None]
 
 
 class LeaseRenewer:
-    """Keeps a node's leases and reservations alive from a dedicated thread."""
+    """Keeps a node's incarnation alive from a dedicated thread, and knows its leases."""
 
     def __init__(
         self,
@@ -33,7 +37,7 @@ class LeaseRenewer:
         *,
         lease_ttl: float,
         interval: float,
-        secondary_ttl: float,
+        index_ttl: float,
         watchdog_timeout: float,
         on_lost: LostCallback,
     ) -> None:
@@ -41,35 +45,53 @@ class LeaseRenewer:
         self._node_id = node_id
         self._lease_ttl = lease_ttl
         self._interval = interval
-        self._secondary_ttl = secondary_ttl
+        self._index_ttl = index_ttl
         self._watchdog_timeout = watchdog_timeout
         self._on_lost = on_lost
         self._lock = threading.Lock()
         self._leases: dict[str, Lease] = {}
-        self._renewed_at: dict[str, float] = {}
-        self._reservations: set[tuple[str, str]] = set()
+        #: The live incarnation ("" until registered) and how many it replaced.
+        self._incarnation = ""
+        self._epoch = 0
+        #: When (`time.monotonic()`) the registration or renewal that last extended the
+        #: incarnation was sent.
+        self._beat_sent = -float("inf")
         self._heartbeat = time.monotonic()
         self._stop = threading.Event()
         self._paused = threading.Event()
         self._wedged_logged = False
         self._deaf = False
+        self._retire_on_stop = False
         self._thread: threading.Thread | None = None
         self.ticks = 0
 
     # ------------------------------------------------------------ registry (any thread)
 
-    def track(self, lease: Lease, asked_at: float) -> None:
-        """Start renewing a lease this node just won by an acquire sent at `asked_at`
-        (`time.monotonic()`)."""
+    @property
+    def epoch(self) -> int:
+        """The number of the live incarnation; read it before an acquire, pass it to `track`."""
         with self._lock:
+            return self._epoch
+
+    @property
+    def incarnation(self) -> str:
+        """The live incarnation ("" until the first registration)."""
+        with self._lock:
+            return self._incarnation
+
+    def track(self, lease: Lease, epoch: int) -> bool:
+        """Know a lease this node just won by an acquire sent under incarnation `epoch`; False
+        (not tracked) when that incarnation was replaced meanwhile: the lease is dead."""
+        with self._lock:
+            if epoch != self._epoch:
+                return False
             self._leases[lease.session_id] = lease
-            self._renewed_at[lease.session_id] = asked_at
+            return True
 
     def untrack(self, session_id: str) -> None:
-        """Stop renewing (the node gave the session up)."""
+        """Forget a lease (the node gave the session up)."""
         with self._lock:
             self._leases.pop(session_id, None)
-            self._renewed_at.pop(session_id, None)
 
     def holds(self, session_id: str, token: int) -> bool:
         """Whether the node still holds the session under `token` (False at once after a loss)."""
@@ -78,45 +100,65 @@ class LeaseRenewer:
             return lease is not None and lease.token == token
 
     def lease(self, session_id: str) -> Lease | None:
-        """The lease this node holds on the session, as last renewed (None: not held)."""
+        """The lease this node holds on the session (None: not held)."""
         with self._lock:
             return self._leases.get(session_id)
 
-    def renewed(self, lease: Lease, sent_at: float) -> None:
-        """A renewal of `lease` sent at `sent_at` (`time.monotonic()`) outside the renewal
-        thread succeeded: the lease is sure for a TTL from then."""
-        with self._lock:
-            current = self._leases.get(lease.session_id)
-            if current is None or current.token != lease.token:
-                return
-            self._leases[lease.session_id] = lease
-            at = self._renewed_at.get(lease.session_id, sent_at)
-            self._renewed_at[lease.session_id] = max(at, sent_at)
-
     def surely_holds(self, session_id: str, token: int) -> bool:
-        """Whether the node holds the session under `token` and that lease cannot have run out:
-        less than a lease TTL has passed since the acquire or renewal that last extended it was
-        sent. A node paused or cut off past its lease learns here, before its next renewal
-        fails, that another node may hold the session by now."""
+        """Whether the node holds the session under `token` and its incarnation cannot have run
+        out: less than a lease TTL has passed since the registration or renewal that last
+        extended it was sent. A node paused or cut off past its liveness learns here, before
+        its next renewal fails, that another node may hold the session by now."""
         with self._lock:
             lease = self._leases.get(session_id)
             if lease is None or lease.token != token:
                 return False
-            since = time.monotonic() - self._renewed_at.get(session_id, -float("inf"))
-            return since < self._lease_ttl
+            return time.monotonic() - self._beat_sent < self._lease_ttl
 
-    def own(self, session_id: str, key: str) -> None:
-        """Touch this reservation on every tick from now on."""
+    async def confirm(self, backends: Backends) -> bool:
+        """Renew the incarnation now over `backends` (the caller's loop): True when it is alive
+        (sure for a lease TTL from now), False when it is dead (the renewer thread then drops
+        every lease and registers anew)."""
         with self._lock:
-            self._reservations.add((session_id, key))
+            incarnation = self._incarnation
+        if not incarnation:
+            return False
+        sent = time.monotonic()
+        alive = await backends.liveness.renew(
+            self._node_id, incarnation, self._lease_ttl, self._index_ttl
+        )
+        if alive:
+            with self._lock:
+                if self._incarnation == incarnation:
+                    self._beat_sent = max(self._beat_sent, sent)
+        return alive
 
-    def disown(self, session_id: str, key: str) -> None:
-        with self._lock:
-            self._reservations.discard((session_id, key))
+    async def register(self, backends: Backends) -> None:
+        """Start a new incarnation over `backends`; every lease of the old one is lost first.
 
-    def owned(self) -> set[tuple[str, str]]:
+        Raises:
+            BackendUnavailableError: the store could not be reached (the node then holds
+                nothing until a later registration succeeds).
+        """
+        self._abandon()
+        incarnation = uuid.uuid4().hex
+        sent = time.monotonic()
+        await backends.liveness.register(self._node_id, incarnation, self._lease_ttl)
         with self._lock:
-            return set(self._reservations)
+            self._incarnation = incarnation
+            self._beat_sent = sent
+
+    def _abandon(self) -> None:
+        """The incarnation is dead (or being replaced): lose every lease it held."""
+        with self._lock:
+            if not self._incarnation and not self._leases:
+                return
+            lost = list(self._leases.values())
+            self._leases.clear()
+            self._incarnation = ""
+            self._epoch += 1
+        for lease in lost:
+            self._on_lost(lease.session_id, lease.token)
 
     def beat(self) -> None:
         """The node's main loop is alive (called from a task on that loop)."""
@@ -128,7 +170,7 @@ class LeaseRenewer:
         self._deaf = True
 
     def pause(self) -> None:
-        """Freeze renewals (tests use this to simulate a node paused past its lease)."""
+        """Freeze renewals (tests use this to simulate a node paused past its liveness)."""
         self._paused.set()
 
     def resume(self) -> None:
@@ -142,8 +184,10 @@ class LeaseRenewer:
         )
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop the thread and wait for it (bounded)."""
+    def stop(self, retire: bool = False) -> None:
+        """Stop the thread and wait for it (bounded); with `retire`, end the incarnation on the
+        way out (a graceful close: what it still holds is free at once, not a TTL later)."""
+        self._retire_on_stop = retire
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -162,10 +206,21 @@ class LeaseRenewer:
                     # No traceback formatting on this thread: CPython 3.11 builds ASTs for
                     # traceback carets, and concurrent AST construction across threads can
                     # crash the interpreter's recursion bookkeeping (cpython#106905).
-                    log.warning("renewal tick failed on %s: %r", self._node_id, exc)
+                    log.warning("liveness tick failed on %s: %r", self._node_id, exc)
         finally:
+            if self._retire_on_stop:
+                loop.run_until_complete(self._retire())
             loop.run_until_complete(self._close_backends())
             loop.close()
+
+    async def _retire(self) -> None:
+        incarnation = self.incarnation
+        if not incarnation:
+            return
+        try:
+            await self._backends.liveness.retire(self._node_id, incarnation)
+        except Exception as exc:
+            log.warning("retiring %s failed: %r", self._node_id, exc)
 
     async def _close_backends(self) -> None:
         try:
@@ -174,7 +229,7 @@ class LeaseRenewer:
             log.warning("closing the renewal connections failed: %r", exc)
 
     async def tick(self) -> None:
-        """Renew every lease and touch every owned reservation (one round trip per role)."""
+        """Renew the incarnation (one store call), or register a new one when it is dead."""
         silent_for = time.monotonic() - self._heartbeat
         if silent_for > self._watchdog_timeout:
             if not self._wedged_logged:
@@ -186,50 +241,23 @@ class LeaseRenewer:
                 self._wedged_logged = True
             return
         self._wedged_logged = False
-        with self._lock:
-            leases = list(self._leases.values())
-            refs = [ReservationRef(s, k, self._node_id) for s, k in self._reservations]
-        if leases:
-            await self._renew(leases)
-        if refs:
-            try:
-                await self._backends.idempotency.touch_many(refs, self._secondary_ttl)
-            except Exception as exc:
-                log.warning("reservation touch failed on %s: %s", self._node_id, exc)
-        self.ticks += 1
-
-    async def _renew(self, leases: list[Lease]) -> None:
-        now = time.monotonic()
+        if not self.incarnation:
+            await self.register(self._backends)
+            self.ticks += 1
+            return
+        sent = time.monotonic()
         try:
-            renewed = await self._backends.leases.renew_many(leases, self._lease_ttl)
+            alive = await self.confirm(self._backends)
         except Exception as exc:
-            log.warning("lease renewal failed on %s: %s", self._node_id, exc)
-            # Past a whole TTL without a successful renewal the lease is surely gone.
-            lost = [
-                lease
-                for lease in leases
-                if now - self._renewed_at.get(lease.session_id, now) > self._lease_ttl
-            ]
-        else:
-            lost = []
+            log.warning("liveness renewal failed on %s: %s", self._node_id, exc)
             with self._lock:
-                for old, new in zip(leases, renewed, strict=True):
-                    current = self._leases.get(old.session_id)
-                    if current is None or current.token != old.token:
-                        continue  # given up or re-won meanwhile
-                    if new is None:
-                        lost.append(old)
-                    else:
-                        self._leases[old.session_id] = new
-                        self._renewed_at[old.session_id] = now
-        for lease in lost:
-            with self._lock:
-                current = self._leases.get(lease.session_id)
-                if current is None or current.token != lease.token:
-                    continue
-                del self._leases[lease.session_id]
-                self._renewed_at.pop(lease.session_id, None)
-            self._on_lost(lease.session_id, lease.token)
+                # Past a whole TTL without a successful renewal the incarnation is surely gone.
+                alive = sent - self._beat_sent <= self._lease_ttl
+        if not alive:
+            log.warning("node %s lost its liveness: its leases are gone", self._node_id)
+            self._abandon()
+            await self.register(self._backends)
+        self.ticks += 1
 
 
 def _log_without_traceback(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:

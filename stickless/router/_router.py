@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from .._config import DeploymentMode, RouterConfig
-from .._errors import RouterClosedError
+from .._errors import BackendUnavailableError, RouterClosedError
 from .._metrics import NOOP_METRICS, SafeMetrics, SessionMetrics
 from .._session import FactoryOpener, LiveSession, LiveSessionOpener
 from .._types import SubmitRequest
@@ -29,7 +29,7 @@ from ..wire import (
     YieldPayload,
 )
 from ._api import ClusterSessionStatus, SessionState, SubmitDisposition
-from ._background import Background, io, quiet
+from ._background import Background, io, log, quiet
 from ._callers import CallerTable, Forward
 from ._context import NodeContext
 from ._control import ControlChannel, SignalHandler
@@ -69,7 +69,7 @@ class SessionRouter:
             node_id,
             lease_ttl=config.lease_ttl,
             interval=config.lease_extend_interval,
-            secondary_ttl=config.idempotency_secondary_ttl,
+            index_ttl=2 * max(config.lease_ttl, config.idempotency_secondary_ttl),
             watchdog_timeout=config.effective_watchdog_timeout,
             on_lost=self._lost_on_renewer_thread,
         )
@@ -185,11 +185,16 @@ class SessionRouter:
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Subscribe to the control channel, then start the renewer and the sweeps."""
+        """Subscribe to the control channel, register this node's incarnation (so it may hold
+        sessions), then start the renewer and the sweeps."""
         if self._started:
             return
         self._loop = asyncio.get_running_loop()
         await self._control.open(self._signal_handlers(), self._resubscribed)
+        try:
+            await io(self._renewer.register(self._backends))
+        except BackendUnavailableError as exc:  # the renewer keeps trying
+            log.warning("node %s could not register its liveness yet: %s", self._node_id, exc)
         self._started = True
         self._renewer.start()
         self._sweeps.start()
@@ -214,7 +219,7 @@ class SessionRouter:
             return_exceptions=True,
         )
         await self._sweeps.settle_before_close(deadline)
-        await asyncio.to_thread(self._renewer.stop)
+        await asyncio.to_thread(self._renewer.stop, True)
         self._cancel_status_flush()
         await self._bg.stop()
         await self._control.close()
@@ -325,8 +330,9 @@ class SessionRouter:
         )
 
     async def peer_lost(self, node_id: str) -> list[str]:
-        """Another node is known dead (e.g. its Ray actor died): expire its leases and make its
-        reservations stale now, then sweep and drain its sessions instead of waiting for TTLs.
+        """Another node is known dead (e.g. its Ray actor died): end its incarnation, so its
+        leases are free and its reservations stale now, then sweep and drain its sessions
+        instead of waiting for its liveness to run out.
 
         Fencing keeps this safe: the dead node's late writes carry older tokens. Returns the
         sessions whose leases were revoked.
@@ -337,13 +343,8 @@ class SessionRouter:
         self._check_open()
         if node_id == self._node_id:
             return []
-        sessions = await io(self._backends.leases.revoke_holder(node_id))
-        await io(self._backends.idempotency.expire_holder(node_id))
-        await self._sweeps.sweep_holder_loss()
-        for session_id in sessions:
-            if await quiet(self._backends.inbox.is_empty(session_id)) is False:
-                await self._sessions.claim_and_drain(session_id)
-        return sessions
+        await io(self._backends.liveness.retire(node_id))
+        return await self._sweeps.bury_holder(node_id)
 
     # ------------------------------------------------------------ wiring between parts
 

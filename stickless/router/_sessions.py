@@ -81,25 +81,19 @@ class LocalSessions(RouterPart):
         Raises:
             ConflictingAgentError: the record is bound to another agent (lease given back).
             BackendUnavailableError: a backend failed (lease given back).
-            FencedOut: the lease was won, but answered no sooner than a lease TTL after it was
-                asked for (a reply held back, a stalled path): it may have run out meanwhile,
-                so another node may hold the session by now; it is given back, unused. Or a
-                newer lease provisioned the record meanwhile.
+            FencedOut: the lease was won under an incarnation of this node that ended before
+                the answer came (a pause, a reply held back): another node may hold the
+                session by now. Or a newer lease provisioned the record meanwhile.
         """
+        epoch = self._renewer.epoch
         started = time.monotonic()
-        won = await io(
-            self._backends.leases.acquire(session_id, self._node_id, self._config.lease_ttl)
-        )
+        won = await io(self._backends.leases.acquire(session_id, self._node_id))
         took = time.monotonic() - started
         self._metrics.emit("on_lock_acquire", session_id, isinstance(won, Lease), took)
         if isinstance(won, HeldElsewhere):
             return won
-        if took >= self._config.lease_ttl:
-            await quiet(self._backends.leases.release(won))
-            raise FencedOut(f"lease of {session_id} won {took:.1f}s after it was asked for")
-        # Renewed from the moment it is won: however long provisioning waits (a busy pool), the
-        # lease does not run out under a claim that is still going on.
-        self._renewer.track(won, started)
+        if not self._renewer.track(won, epoch):
+            raise FencedOut(f"lease of {session_id} won under an incarnation that has ended")
         bound: str | None = None
         if agent_ref is not None:
             try:

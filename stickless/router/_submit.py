@@ -137,9 +137,8 @@ class Submitter(SessionPart):
                 raise
             verdict = classify(existing, input_hash, self._refused.get((session_id, key)), turn_id)
             if verdict is Verdict.PLACE:
-                # Touched by renewals from now on: however long placing takes, the reservation
-                # of a live submit never looks abandoned to a holder-loss sweep.
-                self._renewer.own(session_id, key)
+                # Held under this node's incarnation: however long placing takes, the
+                # reservation of a live submit never looks abandoned to a holder-loss sweep.
                 break
             assert existing is not None
             if verdict is Verdict.CONFLICT:
@@ -173,7 +172,6 @@ class Submitter(SessionPart):
         """Drop a refused submit's reservation; retried in the background if the store is down,
         so the client's retry with the same key runs instead of following a ghost (a retry on
         this node drops the ghost itself; elsewhere a follower learns of it from the poll)."""
-        self._renewer.disown(session_id, key)
         try:
             await self._backends.idempotency.discard_reservation(session_id, key, turn_id)
         except Exception:
@@ -270,7 +268,6 @@ class Submitter(SessionPart):
         async with self._sessions.locks.hold(session_id):
             actor = self._sessions.get(session_id)
             if actor is not None and actor.accepting and actor.lease is not None:
-                self._renewer.own(session_id, work.key)
                 actor.enqueue(work)
                 self._metrics.emit("on_cache_hit", session_id)
                 return self._disposition(
@@ -285,7 +282,6 @@ class Submitter(SessionPart):
                     # goes through the inbox like any forward.
                     claimed = HeldElsewhere(session_id, "", _UNKNOWN_TOKEN, 0.0)
                 if isinstance(claimed, SessionActor):
-                    self._renewer.own(session_id, work.key)
                     claimed.enqueue(work)
                     return self._disposition(
                         SubmitKind.EXECUTED_LOCALLY, session_id, work.turn_id, future
@@ -304,7 +300,6 @@ class Submitter(SessionPart):
                 work.session_id, work.key, self._node_id, queued_staleness(self._config)
             )
         )
-        self._renewer.disown(work.session_id, work.key)
         handed = await self._outcomes.hand_on(
             work, FailureCode.FAILED, "its delivery could not be confirmed; retry it"
         )

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from .._errors import FailureCode, SticklessError
 from ..actors import SessionActor, StopReason
 from ..wire import Outcome
-from ._background import log, quiet
+from ._background import io, log, quiet
 from ._callers import Forward, judge_forward
 from ._context import NodeContext
 from ._control import ControlChannel
@@ -20,6 +20,8 @@ from ._session_part import SessionPart
 from ._sessions import LocalSessions
 from ._status import backlog_totals
 
+#: Dead holders one sweep cleans up after (the rest wait for the next sweep).
+_DEAD_HOLDERS_PER_SWEEP = 16
 #: Attempts at withdrawing a message while the store is out of reach, and the first pause.
 _WITHDRAW_ATTEMPTS = 5
 _WITHDRAW_RETRY_FIRST = 0.1
@@ -169,8 +171,41 @@ class Sweeps(SessionPart):
 
     async def _holder_loss_sweep_loop(self) -> None:
         while await self._bg.pause(self._config.holder_loss_sweep_interval):
+            await self.sweep_dead_holders()
             await self.sweep_holder_loss()
             await self._scan_orphans()
+
+    async def sweep_dead_holders(self) -> None:
+        """Clean up after every holder whose incarnation ended: its turns are answered (or run
+        again), its queued sessions taken, its index dropped. Every node sweeps; each reset
+        has one winner."""
+        try:
+            dead = await self._backends.liveness.dead_holders(limit=_DEAD_HOLDERS_PER_SWEEP)
+        except Exception as exc:
+            log.warning("dead-holder sweep failed: %s", exc)
+            return
+        for holder in dead:
+            try:
+                await self.bury_holder(holder)
+                await self._backends.liveness.forget(holder)
+            except Exception as exc:
+                log.warning("cleaning up after %s failed: %s", holder, exc)
+
+    async def bury_holder(self, holder: str) -> list[str]:
+        """A dead incarnation of `holder`: make its reservations due, answer them (or give them
+        back to run again), drop its leases and drain their sessions' queued work; the
+        sessions whose leases were dropped.
+
+        Raises:
+            BackendUnavailableError: the backends could not be reached.
+        """
+        await io(self._backends.idempotency.expire_holder(holder))
+        await self.sweep_holder_loss()
+        sessions = await io(self._backends.leases.revoke_holder(holder))
+        for session_id in sessions:
+            if await quiet(self._backends.inbox.is_empty(session_id)) is False:
+                await self._sessions.claim_and_drain(session_id)
+        return sessions
 
     async def sweep_holder_loss(self) -> None:
         """Reset stale IN_FLIGHT reservations; each reset's one winner announces it."""
@@ -179,12 +214,7 @@ class Sweeps(SessionPart):
         except Exception as exc:
             log.warning("holder-loss sweep failed: %s", exc)
             return
-        owned = self._renewer.owned()
         for reservation in stale:
-            if reservation.holder == self._node_id and (
-                (reservation.session_id, reservation.key) in owned
-            ):
-                continue  # ours and alive: only our touches lag; never announce a live turn
             try:
                 await self._outcomes.reset_stale(reservation)
             except SticklessError as exc:

@@ -37,7 +37,6 @@ from ._idempotency import (
     AttemptRecord,
     IdempotencyStore,
     Reservation,
-    ReservationRef,
     ReservationState,
     Takeover,
 )
@@ -55,7 +54,9 @@ from ._leases import (
     HeldElsewhere,
     Lease,
     LeaseStore,
+    NotLive,
 )
+from ._liveness import Liveness
 from ._records import (
     RecordStore,
     RecordView,
@@ -86,11 +87,12 @@ __all__ = [
     "Inbox",
     "Lease",
     "LeaseStore",
+    "Liveness",
+    "NotLive",
     "PendingStats",
     "RecordStore",
     "RecordView",
     "Reservation",
-    "ReservationRef",
     "ReservationState",
     "SignalBus",
     "SignalHandler",
@@ -121,6 +123,7 @@ class Backends(Protocol):
     """A bundle of every storage role a router needs."""
 
     leases: LeaseStore
+    liveness: Liveness
     records: RecordStore
     inbox: Inbox
     signals: SignalBus

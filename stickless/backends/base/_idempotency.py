@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -31,7 +30,8 @@ class Reservation:
     holder: str | None
     state: ReservationState
     touched_at: float
-    #: True when an IN_FLIGHT reservation is past its staleness bound (store clock).
+    #: True when an IN_FLIGHT reservation is abandoned: held by a holder whose incarnation is
+    #: dead (see `Liveness`), or holderless past its staleness bound (store clock).
     stale: bool = False
     outcome: Outcome | None = None
     #: The attempt started last (0: none recorded; a turn run by its submitter is attempt 1
@@ -81,17 +81,12 @@ class Takeover:
 REJECTED = Takeover()
 
 
-@dataclass(frozen=True, slots=True)
-class ReservationRef:
-    """Address of a reservation this node holds (what a renewal tick touches)."""
-
-    session_id: str
-    key: str
-    holder: str
-
-
 class IdempotencyStore(Protocol):
-    """Per-session idempotency reservations with a holder, a staleness bound and an outcome."""
+    """Per-session idempotency reservations with a holder, a staleness rule and an outcome.
+
+    A held IN_FLIGHT reservation lives as long as its holder's incarnation (taken when the
+    holder reserved or took it over; see `Liveness`), with no touch; a holderless one goes stale
+    past its bound (`secondary_ttl`, `forward_ttl`)."""
 
     async def put_if_absent(
         self,
@@ -108,10 +103,6 @@ class IdempotencyStore(Protocol):
         and is replaced. The same call made again (same turn and holder) finds its own
         reservation: None while IN_FLIGHT, the reservation once it was answered (a FAILED turn is
         never reserved again)."""
-        ...
-
-    async def touch_many(self, refs: Sequence[ReservationRef], secondary_ttl: float) -> None:
-        """Push the staleness bound of each IN_FLIGHT reservation still held by its holder."""
         ...
 
     async def acquire_holder(
@@ -236,11 +227,13 @@ class IdempotencyStore(Protocol):
         ...
 
     async def find_stale_in_flight(self, limit: int) -> list[Reservation]:
-        """IN_FLIGHT reservations past their staleness bound (store clock)."""
+        """Stale IN_FLIGHT reservations: held by a dead incarnation, or holderless past their
+        bound (store clock); a held one is found at once only after `expire_holder`."""
         ...
 
     async def expire_holder(self, holder: str) -> int:
-        """Make every IN_FLIGHT reservation held by `holder` (known dead) stale now; count them."""
+        """Make every IN_FLIGHT reservation held by a dead incarnation of `holder` due for
+        `find_stale_in_flight` now; count them (a live incarnation's are left alone)."""
         ...
 
     async def find(self, session_id: str, key: str) -> Reservation | None: ...

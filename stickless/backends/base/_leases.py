@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from ..._errors import BackendUnavailableError
+
+
+class NotLive(BackendUnavailableError):
+    """The acquiring holder has no live incarnation (never registered, or its liveness lapsed):
+    it may hold nothing until it registers again."""
 
 
 class FencedOut(Exception):
@@ -13,7 +19,8 @@ class FencedOut(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """A session lease held by `holder`; `token` grows strictly per session."""
+    """A session lease held by `holder`; `token` grows strictly per session; `expires_at` is
+    when the holder's liveness would end unless renewed (store clock, as last seen)."""
 
     session_id: str
     holder: str
@@ -34,14 +41,13 @@ class HeldElsewhere:
 class LeaseStore(Protocol):
     """Session-lifetime leases with per-session fencing tokens."""
 
-    async def acquire(self, session_id: str, holder: str, ttl: float) -> Lease | HeldElsewhere:
-        """Take the lease if free or expired (new token); the current holder gets its lease back
-        with the same token and a refreshed expiry."""
-        ...
+    async def acquire(self, session_id: str, holder: str) -> Lease | HeldElsewhere:
+        """Take the lease if free or its holder's incarnation is dead (new token), under the
+        holder's live incarnation; the current holder gets its lease back with the same token.
 
-    async def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
-        """Extend every lease in one round trip; None where the lease was lost (expired and
-        taken, released, or a different token)."""
+        Raises:
+            NotLive: `holder` has no live incarnation (see `Liveness.register`).
+        """
         ...
 
     async def release(self, lease: Lease) -> bool:
@@ -49,9 +55,10 @@ class LeaseStore(Protocol):
         ...
 
     async def current(self, session_id: str) -> Lease | None:
-        """The unexpired lease on the session, if any."""
+        """The valid lease on the session (its holder's incarnation alive), if any."""
         ...
 
     async def revoke_holder(self, holder: str) -> list[str]:
-        """Expire every unexpired lease of `holder` (known dead) now; return their session ids."""
+        """Drop every lease of `holder` left by a dead incarnation (a live one's are kept);
+        return their session ids."""
         ...

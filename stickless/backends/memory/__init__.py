@@ -5,6 +5,7 @@ from ._dead_letters import MemoryDeadLetterStore
 from ._eventlog import MemoryEventLog
 from ._idempotency import MemoryIdempotencyStore
 from ._inbox import MemoryInbox
+from ._liveness import MemoryLiveness
 from ._signals import MemorySignalBus, MemorySubscription
 from ._stores import (
     MemoryLeaseStore,
@@ -18,6 +19,7 @@ __all__ = [
     "MemoryIdempotencyStore",
     "MemoryInbox",
     "MemoryLeaseStore",
+    "MemoryLiveness",
     "MemoryRecordStore",
     "MemorySignalBus",
     "MemorySubscription",

@@ -14,6 +14,7 @@ from ..base import (
     IdempotencyStore,
     Inbox,
     LeaseStore,
+    Liveness,
     RecordStore,
     SignalBus,
 )
@@ -21,6 +22,7 @@ from ._dead_letters import MemoryDeadLetterStore
 from ._eventlog import MemoryEventLog
 from ._idempotency import MemoryIdempotencyStore
 from ._inbox import MemoryInbox
+from ._liveness import MemoryLiveness
 from ._shared import Link, State
 from ._signals import MemorySignalBus
 from ._stores import (
@@ -35,6 +37,7 @@ class MemoryBackends:
     # Typed as the roles (not the Memory* classes) so the bundle satisfies `Backends`, whose
     # attributes are settable and therefore invariant.
     leases: LeaseStore
+    liveness: Liveness
     records: RecordStore
     inbox: Inbox
     signals: SignalBus
@@ -66,6 +69,7 @@ class MemoryBackends:
         """Bind every role to `link`."""
         self._link = link
         self.leases = MemoryLeaseStore(link)
+        self.liveness = MemoryLiveness(link)
         self.records = MemoryRecordStore(link)
         self.inbox = MemoryInbox(link)
         self.signals = MemorySignalBus(link)

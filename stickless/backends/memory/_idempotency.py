@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from ...wire import Outcome, pack
 from ..base import (
     REJECTED,
@@ -11,17 +9,12 @@ from ..base import (
     DeadLetter,
     FencedOut,
     Reservation,
-    ReservationRef,
     ReservationState,
     StagedCommit,
     Takeover,
 )
 from ._dead_letters import keep_letter
-from ._shared import InboxRow, Link, ReservationRow, State
-
-#: How far before "now" `expire_holder` puts a staleness deadline: staleness means strictly past
-#: the deadline, and one microsecond is the finest time the Redis store keeps.
-STALE_NOW_MARGIN = 1e-6
+from ._shared import InboxRow, Link, ReservationRow, State, holder_alive, incarnation_of, live_until
 
 
 def _live_reservation(state: State, session_id: str, key: str, now: float) -> ReservationRow | None:
@@ -38,7 +31,19 @@ def _held_by(row: ReservationRow, holder: str | None) -> bool:
     return row.state is ReservationState.IN_FLIGHT and row.holder == holder
 
 
-def _view(session_id: str, key: str, row: ReservationRow, now: float) -> Reservation:
+def _is_stale(state: State, row: ReservationRow, now: float) -> bool:
+    """True when an IN_FLIGHT reservation is abandoned: held by a dead incarnation, or
+    holderless past its bound."""
+    if row.state is not ReservationState.IN_FLIGHT:
+        return False
+    if row.holder is not None:
+        return not holder_alive(state, row.holder, row.incarnation, now)
+    return now > row.stale_at
+
+
+def _view(
+    state: State, session_id: str, key: str, row: ReservationRow, now: float
+) -> Reservation:
     """The public value of a stored reservation, outcome decoded, staleness by the store clock."""
     return Reservation(
         session_id=session_id,
@@ -48,7 +53,7 @@ def _view(session_id: str, key: str, row: ReservationRow, now: float) -> Reserva
         holder=row.holder,
         state=row.state,
         touched_at=row.touched_at,
-        stale=row.state is ReservationState.IN_FLIGHT and now > row.stale_at,
+        stale=_is_stale(state, row, now),
         outcome=None if row.outcome is None else Outcome.decode(row.outcome),
         attempt=row.attempt,
         history=tuple(row.history),
@@ -120,27 +125,18 @@ class MemoryIdempotencyStore:
             if row is not None and (
                 row.state is not ReservationState.FAILED or row.turn_id == turn_id
             ):
-                return _view(session_id, key, row, now)
+                return _view(state, session_id, key, row, now)
             state.reservations[(session_id, key)] = ReservationRow(
                 turn_id=turn_id,
                 input_hash=input_hash,
                 holder=holder,
+                incarnation=incarnation_of(state, holder, now),
                 state=ReservationState.IN_FLIGHT,
                 touched_at=now,
                 stale_at=now + secondary_ttl,
                 expires_at=now + primary_ttl,
             )
             return None
-
-    async def touch_many(self, refs: Sequence[ReservationRef], secondary_ttl: float) -> None:
-        """Push the staleness deadline of each IN_FLIGHT reservation still held by its ref."""
-        with self._link.open() as state:
-            now = state.clock()
-            for ref in refs:
-                row = _live_reservation(state, ref.session_id, ref.key, now)
-                if row is not None and _held_by(row, ref.holder):
-                    row.touched_at = now
-                    row.stale_at = now + secondary_ttl
 
     async def acquire_holder(
         self,
@@ -170,14 +166,16 @@ class MemoryIdempotencyStore:
             elif row.state is ReservationState.IN_FLIGHT and _may_steal(
                 state, session_id, row, steal_below
             ):
-                if row.stale_at >= now:
-                    return Takeover(wait=row.stale_at - now, held=True)
+                if not _is_stale(state, row, now):
+                    wait = max(live_until(state, row.holder or "", now) - now, 0.001)
+                    return Takeover(wait=wait, held=True)
                 lost = _give_up_attempt(row, "holder stopped answering", now, "lost")
                 lost_by = row.holder or ""
             else:
                 return REJECTED
             row.attempt += 1
             row.holder = holder
+            row.incarnation = incarnation_of(state, holder, now)
             row.pending = message_id or row.pending
             row.due_at = 0.0
             row.touched_at = now
@@ -208,6 +206,7 @@ class MemoryIdempotencyStore:
                 return 0
             lost = _give_up_attempt(row, reason, now, "lost")
             row.holder = None
+            row.incarnation = ""
             row.touched_at = now
             row.stale_at = now + forward_ttl
             return lost
@@ -256,6 +255,7 @@ class MemoryIdempotencyStore:
             row.pending = _keep_pending(state, session_id, row, token, envelope, now, turn_id)
             _give_up_attempt(row, reason, now, "retry")
             row.holder = None
+            row.incarnation = ""
             row.due_at = now + delay
             row.touched_at = now
             row.stale_at = row.due_at + forward_ttl
@@ -271,6 +271,7 @@ class MemoryIdempotencyStore:
             if row is None or not _held_by(row, holder):
                 return False
             row.holder = None
+            row.incarnation = ""
             row.touched_at = now
             row.stale_at = now + forward_ttl
             return True
@@ -363,38 +364,37 @@ class MemoryIdempotencyStore:
             return True
 
     async def find_stale_in_flight(self, limit: int) -> list[Reservation]:
-        """Up to `limit` IN_FLIGHT reservations past their staleness deadline, oldest first."""
+        """Up to `limit` stale IN_FLIGHT reservations, oldest staleness bound first."""
         with self._link.open() as state:
             now = state.clock()
             stale: list[tuple[float, Reservation]] = []
             for (session_id, key), row in list(state.reservations.items()):
-                if row.state is not ReservationState.IN_FLIGHT or row.stale_at >= now:
+                if not _is_stale(state, row, now):
                     continue
                 if _live_reservation(state, session_id, key, now) is not None:
-                    stale.append((row.stale_at, _view(session_id, key, row, now)))
+                    stale.append((row.stale_at, _view(state, session_id, key, row, now)))
         stale.sort(key=lambda item: item[0])
         return [reservation for _, reservation in stale[: max(limit, 0)]]
 
     async def expire_holder(self, holder: str) -> int:
-        """Move the staleness deadline of each IN_FLIGHT reservation of `holder` not yet stale to
-        just before now (one microsecond, the Redis store's resolution, so it is past at once);
-        return how many moved. Already stale ones are left as they are and not counted."""
+        """Count the IN_FLIGHT reservations held by a dead incarnation of `holder` (here every
+        stale one is found at once: there is no index to make them due in)."""
         with self._link.open() as state:
             now = state.clock()
-            expired = 0
-            for session_id, key in list(state.reservations):
-                row = _live_reservation(state, session_id, key, now)
-                if row is not None and _held_by(row, holder) and row.stale_at >= now:
-                    row.stale_at = now - STALE_NOW_MARGIN
-                    expired += 1
-            return expired
+            return sum(
+                1
+                for session_id, key in list(state.reservations)
+                if (row := _live_reservation(state, session_id, key, now)) is not None
+                and _held_by(row, holder)
+                and _is_stale(state, row, now)
+            )
 
     async def find(self, session_id: str, key: str) -> Reservation | None:
         """The reservation, or None when missing or past its primary TTL."""
         with self._link.open() as state:
             now = state.clock()
             row = _live_reservation(state, session_id, key, now)
-            return None if row is None else _view(session_id, key, row, now)
+            return None if row is None else _view(state, session_id, key, row, now)
 
 
 # --------------------------------------------------------------------------- event log

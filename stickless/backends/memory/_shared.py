@@ -30,10 +30,18 @@ class LinkedSubscription(Protocol):
 
 @dataclass(slots=True)
 class LeaseRow:
-    """A stored lease."""
+    """A stored lease: valid while its holder's incarnation `incarnation` lives."""
 
     holder: str
     token: int
+    incarnation: str
+
+
+@dataclass(slots=True)
+class LiveRow:
+    """A holder's live incarnation and when it ends unless renewed (store clock)."""
+
+    incarnation: str
     expires_at: float
 
 
@@ -64,6 +72,8 @@ class ReservationRow:
     turn_id: str
     input_hash: str
     holder: str | None
+    #: The holder's incarnation when it took the reservation ("" without a holder).
+    incarnation: str
     state: ReservationState
     touched_at: float
     stale_at: float
@@ -89,6 +99,10 @@ class State:
         self.event_log_ttl = event_log_ttl
         self.lease_counters: dict[str, int] = {}
         self.leases: dict[str, LeaseRow] = {}
+        #: Per holder, its live incarnation (dropped once past its expiry).
+        self.liveness: dict[str, LiveRow] = {}
+        #: Per holder, its liveness deadline (0: due for the dead-holder sweep at once).
+        self.live_index: dict[str, float] = {}
         self.records: dict[str, RecordRow] = {}
         self.inbox: dict[str, dict[Priority, deque[InboxRow]]] = {}
         #: Per session, per lease token: collected entries not yet acknowledged, by message id.
@@ -109,6 +123,29 @@ class State:
         self.dead_letters: dict[str, dict[str, bytes]] = {}
         self.control_subs: dict[LinkedSubscription, None] = {}
         self.event_subs: dict[str, dict[LinkedSubscription, None]] = {}
+
+
+def incarnation_of(state: State, holder: str, now: float) -> str:
+    """The holder's live incarnation ("" when none: an expired one is dropped, as a key TTL
+    would)."""
+    row = state.liveness.get(holder)
+    if row is None:
+        return ""
+    if row.expires_at <= now:
+        del state.liveness[holder]
+        return ""
+    return row.incarnation
+
+
+def holder_alive(state: State, holder: str, incarnation: str, now: float) -> bool:
+    """True when `holder` is alive as `incarnation`."""
+    return bool(incarnation) and incarnation_of(state, holder, now) == incarnation
+
+
+def live_until(state: State, holder: str, now: float) -> float:
+    """When the holder's liveness ends unless renewed (now when it has none)."""
+    row = state.liveness.get(holder)
+    return now if row is None or row.expires_at <= now else row.expires_at
 
 
 class Link:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from ..._types import CommittedEntry
 from ...wire import (
     unpack,
@@ -12,24 +10,24 @@ from ..base import (
     FencedOut,
     HeldElsewhere,
     Lease,
+    NotLive,
     RecordView,
 )
-from ._shared import LeaseRow, Link, RecordRow, State
-
-#: How far before "now" `expire_holder` puts a staleness deadline: staleness means strictly past
-#: the deadline, and one microsecond is the finest time the Redis store keeps.
-
+from ._shared import LeaseRow, Link, RecordRow, State, holder_alive, incarnation_of, live_until
 
 # --------------------------------------------------------------------------- leases
 
 
 def live_lease(state: State, session_id: str, now: float) -> LeaseRow | None:
-    """The session's unexpired lease row; an expired one is dropped, as a key TTL would."""
+    """The session's valid lease row (its holder's incarnation alive), or None."""
     row = state.leases.get(session_id)
-    if row is not None and row.expires_at <= now:
-        del state.leases[session_id]
+    if row is not None and not holder_alive(state, row.holder, row.incarnation, now):
         return None
     return row
+
+
+def _lease(state: State, session_id: str, row: LeaseRow, now: float) -> Lease:
+    return Lease(session_id, row.holder, row.token, live_until(state, row.holder, now))
 
 
 class MemoryLeaseStore:
@@ -38,34 +36,26 @@ class MemoryLeaseStore:
     def __init__(self, link: Link) -> None:
         self._link = link
 
-    async def acquire(self, session_id: str, holder: str, ttl: float) -> Lease | HeldElsewhere:
-        """Take a free or expired lease (new token); refresh the holder's own (same token)."""
+    async def acquire(self, session_id: str, holder: str) -> Lease | HeldElsewhere:
+        """Take a free lease or a dead incarnation's (new token); the holder's own comes back.
+
+        Raises:
+            NotLive: the holder has no live incarnation.
+        """
         with self._link.open() as state:
             now = state.clock()
+            incarnation = incarnation_of(state, holder, now)
+            if not incarnation:
+                raise NotLive(f"{holder} has no live incarnation: it may not take {session_id}")
             row = live_lease(state, session_id, now)
             if row is not None and row.holder != holder:
-                return HeldElsewhere(session_id, row.holder, row.token, row.expires_at)
+                lease = _lease(state, session_id, row, now)
+                return HeldElsewhere(session_id, row.holder, row.token, lease.expires_at)
             if row is None:
                 token = state.lease_counters.get(session_id, 0) + 1
                 state.lease_counters[session_id] = token
-                row = state.leases[session_id] = LeaseRow(holder, token, now + ttl)
-            else:
-                row.expires_at = now + ttl
-            return Lease(session_id, holder, row.token, row.expires_at)
-
-    async def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
-        """Extend each lease still held under its token; None for the lost ones."""
-        with self._link.open() as state:
-            now = state.clock()
-            renewed: list[Lease | None] = []
-            for lease in leases:
-                row = live_lease(state, lease.session_id, now)
-                if row is None or row.holder != lease.holder or row.token != lease.token:
-                    renewed.append(None)
-                    continue
-                row.expires_at = now + ttl
-                renewed.append(Lease(lease.session_id, lease.holder, lease.token, row.expires_at))
-            return renewed
+                row = state.leases[session_id] = LeaseRow(holder, token, incarnation)
+            return _lease(state, session_id, row, now)
 
     async def release(self, lease: Lease) -> bool:
         """Drop the lease if still held under this holder and token."""
@@ -77,21 +67,21 @@ class MemoryLeaseStore:
             return True
 
     async def current(self, session_id: str) -> Lease | None:
-        """The unexpired lease, if any."""
+        """The valid lease, if any."""
         with self._link.open() as state:
-            row = live_lease(state, session_id, state.clock())
-            if row is None:
-                return None
-            return Lease(session_id, row.holder, row.token, row.expires_at)
+            now = state.clock()
+            row = live_lease(state, session_id, now)
+            return None if row is None else _lease(state, session_id, row, now)
 
     async def revoke_holder(self, holder: str) -> list[str]:
-        """Drop every unexpired lease of `holder` (token counters kept); their session ids."""
+        """Drop every lease a dead incarnation of `holder` left (token counters kept); their
+        session ids."""
         with self._link.open() as state:
             now = state.clock()
             revoked = [
                 session_id
-                for session_id in list(state.leases)
-                if (row := live_lease(state, session_id, now)) is not None and row.holder == holder
+                for session_id, row in state.leases.items()
+                if row.holder == holder and not holder_alive(state, holder, row.incarnation, now)
             ]
             for session_id in revoked:
                 del state.leases[session_id]

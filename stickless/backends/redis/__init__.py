@@ -13,6 +13,7 @@ from ._eventlog import RedisEventLog
 from ._idempotency import RedisIdempotencyStore
 from ._inbox import RedisInbox
 from ._keys import Keys
+from ._liveness import RedisLiveness
 from ._signals import RedisSignalBus, RedisSubscription
 from ._stores import RedisLeaseStore, RedisRecordStore
 
@@ -24,6 +25,7 @@ __all__ = [
     "RedisIdempotencyStore",
     "RedisInbox",
     "RedisLeaseStore",
+    "RedisLiveness",
     "RedisRecordStore",
     "RedisSignalBus",
     "RedisSubscription",

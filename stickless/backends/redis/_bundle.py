@@ -19,6 +19,7 @@ from ..base import (
     IdempotencyStore,
     Inbox,
     LeaseStore,
+    Liveness,
     RecordStore,
     SignalBus,
 )
@@ -27,6 +28,7 @@ from ._eventlog import RedisEventLog
 from ._idempotency import RedisIdempotencyStore
 from ._inbox import RedisInbox
 from ._keys import Keys
+from ._liveness import RedisLiveness
 from ._scripts import Scripts
 from ._signals import RedisSignalBus
 from ._stores import RedisLeaseStore, RedisRecordStore
@@ -62,13 +64,14 @@ class Retention:
 
 
 class RedisBackends:
-    """Every storage role on one Redis server, keyed cluster-ready; one pool per bundle."""
+    """Every storage role on one Redis server; one pool per bundle."""
 
     #: Shared across processes: DISTRIBUTED routers accept this bundle.
     distributed: ClassVar[bool] = True
 
     # Typed as the roles so the bundle satisfies `Backends`, whose attributes are invariant.
     leases: LeaseStore
+    liveness: Liveness
     records: RecordStore
     inbox: Inbox
     signals: SignalBus
@@ -99,8 +102,9 @@ class RedisBackends:
         pubsub_client = Redis.from_url(
             url, **{**pool_options, "retry": Retry(NoBackoff(), 0, supported_errors=())}
         )
-        scripts = Scripts(self.client)
+        scripts = Scripts(self.client, self.keys.live_prefix)
         self.leases = RedisLeaseStore(self.client, scripts, self.keys, retention.token_ttl)
+        self.liveness = RedisLiveness(self.client, scripts, self.keys)
         self.records = RedisRecordStore(self.client, scripts, self.keys)
         self.inbox = RedisInbox(self.client, scripts, self.keys, retention.inbox_ttl)
         self._signals = RedisSignalBus(

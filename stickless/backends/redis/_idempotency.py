@@ -19,7 +19,6 @@ from ..base import (
     DeadLetter,
     FencedOut,
     Reservation,
-    ReservationRef,
     ReservationState,
     StagedCommit,
     Takeover,
@@ -31,6 +30,10 @@ from ._role import _SCAN_BATCH, _SCAN_ROUNDS, _keep_index, _ms, _num, _Role, _te
 from ._scripts import Call, Scripts, run_batch
 
 logger = logging.getLogger(__name__)
+
+#: Seconds until the stale index checks a live holder's reservation again (a backstop: the
+#: dead-holder sweep finds a dead incarnation's reservations through the holder index).
+_HELD_RECHECK = 60.0
 
 # --------------------------------------------------------------------------- idempotency
 
@@ -69,19 +72,23 @@ class RedisIdempotencyStore(_Role):
     """One hash per (session, key) with a primary-TTL expiry, plus the stale IN_FLIGHT index and
     a per-holder index.
 
+    A held reservation records its holder's incarnation and is stale once that incarnation is
+    dead (see `RedisLiveness`): nothing touches it while its holder lives.
+
     The stale index member names one reservation instance (session, key, turn) and scores a
-    lower bound of its stale deadline: creation writes it, whatever moves the deadline earlier
-    lowers it, a later deadline is left alone (so the renewal tick's touches stay one round
-    trip), and `find_stale_in_flight` rescores what it verifies.
+    lower bound of when it may be stale: creation writes it, whatever moves that earlier
+    lowers it, and `find_stale_in_flight` rescores what it verifies (a live holder's instance
+    to `_HELD_RECHECK` later: for a held one the index is only the backstop of the holder
+    index below).
 
     The holder index (`Keys.holder_reservations`, same members) lists the instances a holder
-    may hold IN_FLIGHT, for `expire_holder`. Its writes ride in the pipeline of the stale-index
-    command each operation already sends after its script, so no round trip is added: creation
-    and `acquire_holder` add, `release_holder`, `mark_done`, `compare_and_reset` and
+    may hold IN_FLIGHT, for `expire_holder`, which the dead-holder sweep runs on a dead
+    incarnation's holder. Its writes ride in the pipeline of the stale-index command each
+    operation already sends after its script, so no round trip is added: creation and
+    `acquire_holder` add, `release_holder`, `mark_done`, `compare_and_reset` and
     `discard_reservation` remove. It is a superset kept honest by `expire_holder`, which checks
-    each member against its hash and drops dead ones. It expires twice the staleness TTL after
-    the holder's last reservation, take-over or touch (same pipelines): by then every instance
-    it lists is stale anyway, so a dead holder's index goes away by itself.
+    each member against its hash and drops dead ones. The holder's liveness renewals keep it
+    alive; it expires `index ttl` after the last one.
 
     A message that may run again has a durable copy in the session's pending set (same slot),
     written by `hold` or `schedule_retry` under the inbox's pending TTL.
@@ -126,28 +133,6 @@ class RedisIdempotencyStore(_Role):
             return _reservation(session_id, key, detail)
         return None
 
-    async def touch_many(self, refs: Sequence[ReservationRef], secondary_ttl: float) -> None:
-        """Push the staleness deadline of each reservation still held by its ref (one trip; a
-        second only for deadlines a shorter TTL moved earlier, which the index must follow)."""
-        calls = [
-            Call(
-                self._scripts.idem_touch,
-                [self._keys.reservation(ref.session_id, ref.key)],
-                [ref.holder, _num(secondary_ttl)],
-            )
-            for ref in refs
-        ]
-        for holder in dict.fromkeys(ref.holder for ref in refs):
-            calls.extend(_keep_index(self._keys.holder_reservations(holder), secondary_ttl))
-        replies = (await run_batch(self._client, calls))[: len(refs)]
-        lowered = {
-            reservation_member(ref.session_id, ref.key, _text(reply[1])): float(reply[2])
-            for ref, reply in zip(refs, replies, strict=True)
-            if int(reply[0])
-        }
-        if lowered:
-            await self._client.zadd(self._keys.stale_index, lowered, lt=True)
-
     async def acquire_holder(
         self,
         session_id: str,
@@ -163,12 +148,12 @@ class RedisIdempotencyStore(_Role):
         a stale holder's under `steal_below`); `wait` while it may be taken later; else
         REJECTED.
 
-        One round trip: the take-over shortens the staleness deadline, so the index entry is
-        made due at once (the scan rescores it) in the script's pipeline, with the holder-index
-        add (dropped by `expire_holder` when the take-over was refused). Its score always moves
-        (`index_lower`): a sweep that read the holderless reservation just before must not
-        rescore the entry to the holderless deadline afterwards, as it would were the score
-        left at the 0 the reservation got when it was made.
+        One round trip: the index entry is made due at once (the scan rescores it) in the
+        script's pipeline, with the holder-index add (dropped by `expire_holder` when the
+        take-over was refused). Its score always moves (`index_lower`): a sweep that read the
+        holderless reservation just before must not rescore the entry to the holderless
+        deadline afterwards, as it would were the score left at the 0 the reservation got when
+        it was made.
         """
         member = reservation_member(session_id, key, turn_id)
         index = self._keys.holder_reservations(holder)
@@ -442,9 +427,10 @@ class RedisIdempotencyStore(_Role):
         found: dict[str, tuple[float, Reservation]] = {}
         offset = 0
         for _ in range(_SCAN_ROUNDS):
-            _, _, hits = await scripts.index_due(
+            server_now, _, hits = await scripts.index_due(
                 keys=[keys.stale_index], args=["0", offset, _SCAN_BATCH]
             )
+            recheck = _num(float(server_now) + _HELD_RECHECK)
             candidates: list[tuple[str, str, tuple[str, str, str] | None]] = []
             for i in range(0, len(hits), 2):
                 member = _text(hits[i])
@@ -474,8 +460,9 @@ class RedisIdempotencyStore(_Role):
                 elif view.stale:
                     found[member] = (float(reply[8]), view)
                 else:
+                    later = reply[8] if view.holder is None else recheck
                     repairs.append(
-                        Call(scripts.index_rescore, [keys.stale_index], [member, score, reply[8]])
+                        Call(scripts.index_rescore, [keys.stale_index], [member, score, later])
                     )
             # Entries a repair could not move are still in range: skip them next round.
             offset = len(found) + sum(not done for done in await run_batch(self._client, repairs))
@@ -485,13 +472,12 @@ class RedisIdempotencyStore(_Role):
         return [reservation for _, reservation in ordered[:limit]]
 
     async def expire_holder(self, holder: str) -> int:
-        """Move the staleness deadline of each IN_FLIGHT reservation of `holder` not yet stale to
-        just before now (server clock); return how many moved.
+        """Make the stale-index entry of each IN_FLIGHT reservation held by a dead incarnation
+        of `holder` due now (server clock); return how many.
 
         Round trips: one to read the holder index, then two per `_SCAN_BATCH` members: the
         verifying scripts, then one pipeline lowering the stale-index scores (so the sweep sees
-        them at once; already stale ones are lowered too, which heals a lost write) and dropping
-        dead members from the holder index.
+        them at once) and dropping dead members from the holder index.
         """
         keys, scripts = self._keys, self._scripts
         index = keys.holder_reservations(holder)
@@ -515,10 +501,9 @@ class RedisIdempotencyStore(_Role):
             for (member, _), reply in zip(checked, replies, strict=True):
                 if not int(reply[0]):
                     dead.append(member)
-                    continue
-                if int(reply[0]) == 1:
+                elif int(reply[0]) == 1:
                     expired += 1
-                lowered.extend((reply[1], member))
+                    lowered.extend((reply[1], member))
             repairs: list[Call] = []
             if lowered:
                 repairs.append(Call(None, ["ZADD", keys.stale_index, "LT", *lowered]))

@@ -1,9 +1,11 @@
 """Every Redis key, channel and index member of one namespace, formatted in one place.
 
-All keys of one session share the hash tag `{<ns>:s:<session_id>}`, so every multi-key script
-touches a single slot (Redis Cluster ready). The cluster-wide indexes (stale reservations,
-pending sessions, dead letters, and the per-holder indexes of leases and reservations) live
-outside any session's slot and are only written by single-key commands.
+All keys of one session share the hash tag `{<ns>:s:<session_id>}`. The cluster-wide indexes
+(stale reservations, pending sessions, dead letters, and the per-holder indexes of leases and
+reservations) live outside any session's slot and are only written by single-key commands.
+The liveness keys (`liveness`) also live outside: session scripts read the one of the holder
+named in a lease or reservation, so the bundle needs one Redis server (or a primary with
+replicas), not a Redis Cluster.
 
 Dead letters are kept in the session's slot (`dead_letters`: a hash of letter id -> packed
 letter, `base.pack_letter`), so a session script can add one atomically with what it records
@@ -45,6 +47,11 @@ class Keys:
         #: Sorted set of dead-letter ids scored by `dead_at` (0: not settled yet); a superset
         #: of the letters, verified by readers (see the module docstring).
         self.dead_index = f"{namespace}:idx:dead"
+        #: Sorted set of holders scored by their liveness deadline (0: due for the dead-holder
+        #: sweep at once); a holder is dropped once the sweep has cleaned up after it.
+        self.live_index = f"{namespace}:idx:live"
+        #: Prefix of every holder's liveness key (scripts derive a holder's key from it).
+        self.live_prefix = f"{namespace}:live:"
         #: Pub/sub channel shared by every node for all signal kinds but EVENT.
         self.control_channel = f"{namespace}:control"
 
@@ -109,17 +116,22 @@ class Keys:
         """Pub/sub channel of the session's EVENT signals (plain PUBLISH, slot-agnostic)."""
         return f"{self.namespace}:ev:{session_id}"
 
+    def liveness(self, holder: str) -> str:
+        """String naming the holder's live incarnation; expires unless renewed (see
+        `Liveness`). Outside every session's slot: the session scripts read it by name."""
+        return f"{self.live_prefix}{holder}"
+
     def holder_leases(self, holder: str) -> str:
         """Set of session ids whose lease `holder` may hold (a superset: members are verified
-        against the lease hash before use, dead ones dropped); expires twice the lease TTL after
-        the holder's last grant or renewal."""
+        against the lease hash before use, dead ones dropped); kept alive by the holder's
+        liveness renewals, it expires `index ttl` after the last one."""
         return f"{self.namespace}:holder:{holder}:leases"
 
     def holder_reservations(self, holder: str) -> str:
         """Set of `reservation_member`s of IN_FLIGHT reservations `holder` may hold (a superset:
         members are verified against the reservation hash before use, dead ones dropped);
-        expires twice the staleness TTL after the holder's last reservation, take-over or
-        touch."""
+        kept alive by the holder's liveness renewals, it expires `index ttl` after the last
+        one (or twice the staleness TTL after its last write, whichever is later)."""
         return f"{self.namespace}:holder:{holder}:idem"
 
 

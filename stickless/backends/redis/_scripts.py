@@ -24,18 +24,34 @@ def source(name: str) -> str:
     return prelude + "\n" + _LUA.joinpath(f"{name}.lua").read_text(encoding="utf-8")
 
 
-class Scripts:
-    """Every script registered on one client (each keeps its SHA and reloads on NOSCRIPT)."""
+def lua_string(text: str) -> str:
+    """`text` as a Lua string literal (every byte a decimal escape: no quoting to get wrong)."""
+    return '"' + "".join(f"\\{byte:03d}" for byte in text.encode("utf-8")) + '"'
 
-    def __init__(self, client: Redis) -> None:
+
+class Scripts:
+    """Every script registered on one client (each keeps its SHA and reloads on NOSCRIPT).
+
+    Each script starts with the namespace's prefix of liveness keys (`Keys.liveness`): the
+    prelude checks a lease's or reservation's holder against its liveness key, whose name the
+    caller cannot pass beforehand (the holder is read inside the script).
+    """
+
+    def __init__(self, client: Redis, live_prefix: str) -> None:
+        header = f"local LIVE_PREFIX = {lua_string(live_prefix)}\n"
+
         def load(name: str) -> AsyncScript:
-            return client.register_script(source(name))
+            return client.register_script(header + source(name))
 
         self.lease_acquire = load("lease_acquire")
-        self.lease_renew = load("lease_renew")
         self.lease_release = load("lease_release")
         self.lease_current = load("lease_current")
         self.lease_revoke = load("lease_revoke")
+        self.live_register = load("live_register")
+        self.live_renew = load("live_renew")
+        self.live_retire = load("live_retire")
+        self.live_dead = load("live_dead")
+        self.live_forget = load("live_forget")
         self.record_provision = load("record_provision")
         self.inbox_deliver = load("inbox_deliver")
         self.inbox_take = load("inbox_take")
@@ -47,7 +63,6 @@ class Scripts:
         self.index_drop = load("index_drop")
         self.index_lower = load("index_lower")
         self.idem_put = load("idem_put")
-        self.idem_touch = load("idem_touch")
         self.idem_acquire = load("idem_acquire")
         self.idem_release = load("idem_release")
         self.idem_requeue = load("idem_requeue")

@@ -17,10 +17,11 @@ from ..base import (
     FencedOut,
     HeldElsewhere,
     Lease,
+    NotLive,
     RecordView,
 )
 from ._keys import Keys
-from ._role import _SCAN_BATCH, _keep_index, _num, _Role, _text
+from ._role import _SCAN_BATCH, _num, _Role, _text
 from ._scripts import Call, Scripts, run_batch
 
 logger = logging.getLogger(__name__)
@@ -34,69 +35,51 @@ def _lease(session_id: str, reply: Sequence[Any]) -> Lease:
 
 
 class RedisLeaseStore(_Role):
-    """Lease hashes with a per-session INCR counter as the fencing token, plus a per-holder index.
+    """Lease hashes naming holder, token and the holder's incarnation, with a per-session INCR
+    counter as the fencing token, plus a per-holder index.
 
-    The counter expires `token_ttl` after the last lease it issued or renewed would expire; a
-    missing counter restarts from the server clock (see `next_token` in the Lua prelude), so a
-    token never goes back, whether the counter expired or was lost.
+    A lease has no expiry of its own: it is valid while its holder's incarnation lives (see
+    `RedisLiveness`), so a node renews one key per tick however many sessions it holds. The
+    counter expires `token_ttl` after the last lease it issued; a missing counter restarts
+    from the server clock (see `next_token` in the Lua prelude), so a token never goes back.
 
     The holder index (`Keys.holder_leases`) lists the sessions a holder may hold, for
-    `revoke_holder`. It lives outside the sessions' slots, so separate commands keep it: a grant
-    adds the session after the script (one more round trip, on grants only), a release removes
-    it in the same pipeline as the script (no extra trip). It is a superset kept honest by
+    `revoke_holder` (the dead-holder sweep drops a dead incarnation's lease hashes with it).
+    It lives outside the sessions' slots, so separate commands keep it: a grant adds the
+    session after the script (one more round trip, on grants only), a release removes it in
+    the same pipeline as the script (no extra trip). It is a superset kept honest by
     `revoke_holder`, which checks each member against the lease hash and drops dead ones; a
-    member lost to a crash between script and index write only loses the shortcut (that lease
-    then expires by its TTL). It expires twice the lease TTL after the holder's last grant or
-    renewal: by then every lease it lists has expired, so a dead holder leaves nothing behind.
+    member lost to a crash between script and index write only leaves that lease hash until
+    the session's next acquire replaces it. The holder's liveness renewals keep it alive.
     """
 
     def __init__(self, client: Redis, scripts: Scripts, keys: Keys, token_ttl: float) -> None:
         super().__init__(client, scripts, keys)
         self._token_ttl = token_ttl
 
-    async def acquire(self, session_id: str, holder: str, ttl: float) -> Lease | HeldElsewhere:
-        """Take a free or expired lease (new token); refresh the holder's own (same token)."""
+    async def acquire(self, session_id: str, holder: str) -> Lease | HeldElsewhere:
+        """Take a free lease or a dead incarnation's (new token); the holder's own comes back.
+
+        Raises:
+            NotLive: the holder has no live incarnation.
+        """
         keys = self._keys
         reply = await self._scripts.lease_acquire(
             keys=[keys.lease(session_id), keys.token_counter(session_id)],
-            args=[holder, _num(ttl), _num(self._token_ttl)],
+            args=[holder, _num(self._token_ttl)],
         )
+        if int(reply[0]) == 2:
+            raise NotLive(f"{holder} has no live incarnation: it may not take {session_id}")
         lease = _lease(session_id, reply[1:])
         if not int(reply[0]):
             return HeldElsewhere(session_id, lease.holder, lease.token, lease.expires_at)
-        # A refresh adds it again too, which heals a member lost to a crash. The lease is won
+        # A re-acquire adds it again too, which heals a member lost to a crash. The lease is won
         # either way: a failed index write only costs the revoke shortcut, so it is not raised.
-        index = keys.holder_leases(holder)
         try:
-            await run_batch(
-                self._client, [Call(None, ["SADD", index, session_id]), *_keep_index(index, ttl)]
-            )
+            await self._client.sadd(keys.holder_leases(holder), session_id)
         except RedisError as exc:
             logger.warning("holder index of %s missed session %s: %s", holder, session_id, exc)
         return lease
-
-    async def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
-        """Extend each lease still held under its token, in one round trip; None for lost ones.
-
-        The same trip pushes the expiry of each holder's index (see the class docstring)."""
-        keys = self._keys
-        calls = [
-            Call(
-                self._scripts.lease_renew,
-                [keys.lease(lease.session_id), keys.token_counter(lease.session_id)],
-                [lease.holder, str(lease.token), _num(ttl), _num(self._token_ttl)],
-            )
-            for lease in leases
-        ]
-        for holder in dict.fromkeys(lease.holder for lease in leases):
-            calls.extend(_keep_index(keys.holder_leases(holder), ttl))
-        replies = (await run_batch(self._client, calls))[: len(leases)]
-        return [
-            None
-            if reply is None
-            else Lease(lease.session_id, lease.holder, lease.token, float(reply))
-            for lease, reply in zip(leases, replies, strict=True)
-        ]
 
     async def release(self, lease: Lease) -> bool:
         """Drop the lease if still held under this holder and token (one round trip: the
@@ -116,16 +99,10 @@ class RedisLeaseStore(_Role):
             ],
         )
         if int(reply[0]) == 2:
-            # The SREM may have emptied (so deleted) the index: put the member back with an
-            # expiry covering the lease that is still held.
+            # The holder still holds the session under another token: put the member back (the
+            # holder's liveness renewals keep the index alive).
             try:
-                await run_batch(
-                    self._client,
-                    [
-                        Call(None, ["SADD", index, lease.session_id]),
-                        *_keep_index(index, int(reply[1]) / 1000),
-                    ],
-                )
+                await self._client.sadd(index, lease.session_id)
             except RedisError as exc:
                 logger.warning(
                     "holder index of %s missed session %s: %s", lease.holder, lease.session_id, exc
@@ -133,16 +110,17 @@ class RedisLeaseStore(_Role):
         return int(reply[0]) == 1
 
     async def current(self, session_id: str) -> Lease | None:
-        """The unexpired lease, if any."""
+        """The valid lease, if any."""
         reply = await self._scripts.lease_current(keys=[self._keys.lease(session_id)])
         return None if reply is None else _lease(session_id, reply)
 
     async def revoke_holder(self, holder: str) -> list[str]:
-        """Drop every unexpired lease of `holder` (token counters kept); their session ids.
+        """Drop every lease a dead incarnation of `holder` left (token counters kept); their
+        session ids.
 
-        Round trips: one to read the holder index, then one per `_SCAN_BATCH` members, each
-        pipelining a verifying script per member with the removal of those members (revoked
-        or dead) from the index.
+        Round trips: one to read the holder index, then two per `_SCAN_BATCH` members: a
+        verifying script per member, then the removal of every member but a live
+        incarnation's from the index.
         """
         keys, scripts = self._keys, self._scripts
         index = keys.holder_leases(holder)
@@ -158,19 +136,16 @@ class RedisLeaseStore(_Role):
                     continue
             replies = await run_batch(
                 self._client,
-                [
-                    *(
-                        Call(scripts.lease_revoke, [lease_key], [holder])
-                        for _, lease_key in checked
-                    ),
-                    Call(None, ["SREM", index, *chunk]),
-                ],
+                [Call(scripts.lease_revoke, [lease_key], [holder]) for _, lease_key in checked],
             )
-            revoked.extend(
-                session_id
-                for (session_id, _), reply in zip(checked, replies[:-1], strict=True)
-                if int(reply)
-            )
+            verdicts = {
+                session_id: int(reply)
+                for (session_id, _), reply in zip(checked, replies, strict=True)
+            }
+            revoked.extend(s for s, verdict in verdicts.items() if verdict == 1)
+            gone = [member for member in chunk if verdicts.get(member) != 2]
+            if gone:
+                await self._client.srem(index, *gone)
         return revoked
 
 

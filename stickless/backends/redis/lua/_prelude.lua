@@ -33,11 +33,32 @@ local function keep_counter(key, lease_exp, token_ttl)
   end
 end
 
--- The live lease {holder, token, exp} of a lease hash, or nil when missing or expired.
+-- The liveness key of a holder: a string naming its live incarnation (LIVE_PREFIX, the
+-- namespace's prefix of those keys, is defined ahead of this prelude by the script loader).
+local function live_key(holder)
+  return LIVE_PREFIX .. holder
+end
+
+-- True when `holder` is alive as incarnation `inc` (its liveness key lives and names it).
+local function holder_alive(holder, inc)
+  return inc ~= nil and inc ~= false and inc ~= '' and
+    redis.call('GET', live_key(holder)) == inc
+end
+
+-- When `holder`'s liveness ends unless renewed, as a '%.6f' string (now when it has none).
+local function live_until(holder, t)
+  local ms = redis.call('PTTL', live_key(holder))
+  if ms < 0 then
+    ms = 0
+  end
+  return fmt(t + ms / 1000)
+end
+
+-- The valid lease {holder, token, exp} of a lease hash (its holder's incarnation alive), or nil.
 local function live_lease(key, t)
-  local cur = redis.call('HMGET', key, 'holder', 'token', 'exp')
-  if cur[1] and tonumber(cur[3]) > t then
-    return cur
+  local cur = redis.call('HMGET', key, 'holder', 'token', 'inc')
+  if cur[1] and holder_alive(cur[1], cur[3]) then
+    return {cur[1], cur[2], live_until(cur[1], t)}
   end
   return nil
 end
@@ -45,13 +66,13 @@ end
 -- A reservation hash as a table, or nil when missing or past its primary TTL.
 local function load_reservation(key, t)
   local v = redis.call('HMGET', key, 'turn', 'hash', 'holder', 'state', 'touched', 'stale', 'exp',
-    'outcome', 'attempt', 'history', 'pending', 'due', 'given')
+    'outcome', 'attempt', 'history', 'pending', 'due', 'given', 'inc')
   if not v[4] or tonumber(v[7]) <= t then
     return nil
   end
   return {turn = v[1], hash = v[2], holder = v[3], state = v[4], touched = v[5], stale = v[6],
     outcome = v[8], attempt = tonumber(v[9] or '0'), history = v[10], pending = v[11],
-    due = tonumber(v[12] or '0'), given = v[13]}
+    due = tonumber(v[12] or '0'), given = v[13], inc = v[14]}
 end
 
 -- The number of a reservation's held attempt: one run by its submitter is 1 without a write.
@@ -90,10 +111,22 @@ local function last_attempt(r)
   return history[#history]
 end
 
--- The flat reply every reservation read returns (see _stores._reservation).
+-- True when an IN_FLIGHT reservation is abandoned: held by a dead incarnation, or holderless
+-- past its bound.
+local function is_stale(r, t)
+  if r.state ~= 'IN_FLIGHT' then
+    return false
+  end
+  if r.holder then
+    return not holder_alive(r.holder, r.inc)
+  end
+  return t > tonumber(r.stale)
+end
+
+-- The flat reply every reservation read returns (see _idempotency._reservation).
 local function reservation_reply(r, t)
   local stale = 0
-  if r.state == 'IN_FLIGHT' and t > tonumber(r.stale) then
+  if is_stale(r, t) then
     stale = 1
   end
   local has_holder = 0

@@ -2,7 +2,7 @@
 -- pending id ('' for none), attempt below which a stale holder's attempt is run again (0: never).
 -- Takes a holderless IN_FLIGHT reservation made for that turn as its next attempt (a rerun after
 -- a lost reply finds it taken by this holder: the same attempt), or, with ARGV[5], one held by
--- a holder that stopped answering.
+-- a dead incarnation; it is then held under the taker's live incarnation.
 -- Reply: {attempt, turn, stale deadline, attempt lost, its holder} when taken; {0, seconds to wait,
 -- 1 when a holder's attempt is waited for} when it may be taken later (a retry's backoff, a
 -- holder not stale yet); {0} when refused.
@@ -20,8 +20,9 @@ if not r.holder then
     return {0, fmt(r.due - t)}
   end
 elseif may_run_again(r, KEYS[2], tonumber(ARGV[5])) then
-  if tonumber(r.stale) >= t then
-    return {0, fmt(tonumber(r.stale) - t), 1}
+  if holder_alive(r.holder, r.inc) then
+    -- ask again once the holder's liveness would have run out unrenewed
+    return {0, fmt(math.max(tonumber(live_until(r.holder, t)) - t, 0.001)), 1}
   end
   lost, lost_by = give_up_attempt(KEYS[1], r, 'holder stopped answering', t, 'lost'), r.holder
 else
@@ -29,8 +30,8 @@ else
 end
 local attempt = r.attempt + 1
 local stale = fmt(t + tonumber(ARGV[2]))
-redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'touched', fmt(t), 'stale', stale,
-  'attempt', attempt, 'due', '0')
+redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'inc', redis.call('GET', live_key(ARGV[1])) or '',
+  'touched', fmt(t), 'stale', stale, 'attempt', attempt, 'due', '0')
 if ARGV[4] ~= '' then
   redis.call('HSET', KEYS[1], 'pending', ARGV[4])
 end

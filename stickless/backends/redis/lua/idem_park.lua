@@ -35,6 +35,6 @@ end
 give_up_attempt(KEYS[1], r, ARGV[7], t, 'retry')
 local due = t + tonumber(ARGV[8])
 local stale = fmt(due + tonumber(ARGV[9]))
-redis.call('HDEL', KEYS[1], 'holder')
+redis.call('HDEL', KEYS[1], 'holder', 'inc')
 redis.call('HSET', KEYS[1], 'due', fmt(due), 'touched', fmt(t), 'stale', stale)
 return {id, stale}

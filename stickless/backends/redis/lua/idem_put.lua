@@ -1,4 +1,5 @@
 -- KEYS: reservation hash. ARGV: turn, input hash, holder, secondary ttl, primary ttl.
+-- The reservation is held under the holder's live incarnation (none: it is stale at once).
 -- Reply: {1, stale deadline} when reserved (or already reserved by this very call: a rerun
 -- after a lost reply finds its own reservation), {0, reservation} when another exists (not
 -- FAILED, or FAILED for this very turn).
@@ -16,6 +17,7 @@ local stale = fmt(t + tonumber(ARGV[4]))
 local exp_at = t + tonumber(ARGV[5])
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'turn', ARGV[1], 'hash', ARGV[2], 'holder', ARGV[3],
-  'state', 'IN_FLIGHT', 'touched', fmt(t), 'stale', stale, 'exp', fmt(exp_at))
+  'inc', redis.call('GET', live_key(ARGV[3])) or '', 'state', 'IN_FLIGHT', 'touched', fmt(t),
+  'stale', stale, 'exp', fmt(exp_at))
 expire_at(KEYS[1], exp_at)
 return {1, stale}

@@ -6,6 +6,6 @@ if not r or r.state ~= 'IN_FLIGHT' or r.holder ~= ARGV[1] then
   return {0}
 end
 local stale = fmt(t + tonumber(ARGV[2]))
-redis.call('HDEL', KEYS[1], 'holder')
+redis.call('HDEL', KEYS[1], 'holder', 'inc')
 redis.call('HSET', KEYS[1], 'touched', fmt(t), 'stale', stale)
 return {1, r.turn, stale}

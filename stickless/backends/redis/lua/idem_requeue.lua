@@ -17,6 +17,6 @@ if r.holder ~= ARGV[2] or not may_run_again(r, KEYS[2], tonumber(ARGV[4])) then
 end
 local lost = give_up_attempt(KEYS[1], r, ARGV[3], t, 'lost')
 local stale = fmt(t + tonumber(ARGV[5]))
-redis.call('HDEL', KEYS[1], 'holder')
+redis.call('HDEL', KEYS[1], 'holder', 'inc')
 redis.call('HSET', KEYS[1], 'touched', fmt(t), 'stale', stale)
 return {lost, stale}
