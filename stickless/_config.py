@@ -41,18 +41,22 @@ class RouterConfig(BaseModel):
     mode: DeploymentMode = DeploymentMode.SINGLE_NODE
     idle_ttl: float = Field(default=600.0, gt=0)
     max_cached_sessions: int = Field(default=1000, ge=1)
-    lease_ttl: float = Field(default=30.0, gt=0)
-    #: Renewal period of leases and touch period of owned reservations. Must be shorter than
-    #: `lease_ttl` (else a lease expires between two renewals).
-    lease_extend_interval: float = Field(default=10.0, gt=0)
+    #: The node's liveness TTL: its leases and the reservations it holds are valid while its
+    #: incarnation's liveness key lives, which expires this long after the last renewal (see
+    #: "Node liveness" in docs/architecture.md). With the defaults (3 s, renewed every 1 s,
+    #: swept every 1 s) a holder that dies is known dead, and its waiting callers answered
+    #: HOLDER_LOST, within about 4 s.
+    lease_ttl: float = Field(default=3.0, gt=0)
+    #: Renewal period of the node's liveness (one store call, however many sessions it holds).
+    #: Must be shorter than `lease_ttl` (else the liveness expires between two renewals).
+    lease_extend_interval: float = Field(default=1.0, gt=0)
     status_heartbeat_interval: float = Field(default=10.0, gt=0)
-    holder_loss_sweep_interval: float = Field(default=15.0, gt=0)
+    #: Period of the sweep for dead holders and stale reservations.
+    holder_loss_sweep_interval: float = Field(default=1.0, gt=0)
     idempotency_primary_ttl: float = Field(default=86400.0, gt=0)
-    #: An IN_FLIGHT reservation not touched for this long is stale (its holder presumed lost).
-    #: Must be longer than `lease_extend_interval`: the renewer touches reservations once per
-    #: interval, so a shorter (or equal) TTL makes every turn that runs longer than it look
-    #: abandoned and end HOLDER_LOST while it is still running. Twice the interval or more
-    #: leaves room for a missed touch.
+    #: A holderless IN_FLIGHT reservation (its message queued for the next holder) unclaimed for
+    #: this long is stale; a held one is stale as soon as its holder's liveness ends. Must be
+    #: longer than `lease_extend_interval`.
     idempotency_secondary_ttl: float = Field(default=30.0, gt=0)
     forward_ttl: float = Field(default=300.0, gt=0)
     release_interrupt_timeout: float = Field(default=5.0, gt=0)
@@ -93,8 +97,7 @@ class RouterConfig(BaseModel):
         if self.idempotency_secondary_ttl <= self.lease_extend_interval:
             raise ValueError(
                 f"idempotency_secondary_ttl ({self.idempotency_secondary_ttl}s) must be longer "
-                f"than lease_extend_interval ({self.lease_extend_interval}s): reservations are "
-                "touched once per interval, so every longer turn would end HOLDER_LOST"
+                f"than lease_extend_interval ({self.lease_extend_interval}s)"
             )
         if self.watchdog_timeout is not None and self.watchdog_timeout <= self.heartbeat_interval:
             raise ValueError(

@@ -21,10 +21,14 @@ DAY = 86400.0
 
 @pytest.fixture
 async def bundle(redis_url: str) -> AsyncIterator[RedisBackends]:
-    """A bundle over the flushed session server (registered in conftest.py)."""
+    """A bundle over the flushed session server (registered in conftest.py), with node-a and
+    node-b alive (see `tests.liveness`)."""
     from stickless.backends.redis import RedisBackends
+    from tests.liveness import live
 
     backends = RedisBackends.from_url(redis_url, namespace=NS, event_log_max_len=100)
+    for holder in ("node-a", "node-b"):
+        await live(backends, holder)
     yield backends
     await backends.aclose()
 

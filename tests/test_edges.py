@@ -32,6 +32,7 @@ from stickless.wire import (
     pack,
     unpack,
 )
+from tests.liveness import acquire_lease
 
 from .agents import Journal, ScriptedOpener, req, wait_until
 from .conftest import FAST
@@ -273,7 +274,7 @@ async def test_forwarded_turn_that_opens_the_handle_passes_options_and_attribute
         a, b = cluster.nodes
         # Given the store says A holds s1, but A has no actor and no live handle for it yet
         # (as after a doorbell claim): the first turn to reach A is a forwarded one
-        await cluster.backends.leases.acquire("s1", a.node_id, FAST["lease_ttl"])
+        await acquire_lease(cluster.backends, "s1", a.node_id, FAST["lease_ttl"])
         assert journal.opened == []
         # When B submits the session's first turn (forwarded to A, which opens the handle)
         disp = await b.submit(

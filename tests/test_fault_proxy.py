@@ -29,6 +29,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from stickless._types import Priority
 from stickless.backends.base import Lease
 from stickless.backends.redis import RedisBackends, RedisInbox
+from tests.liveness import acquire_lease
 
 from .faults import FaultProxy, stickless_scripts
 from .faults.fixtures import fault_proxy_fixture  # noqa: F401  (fixture `fault_proxy`)
@@ -287,7 +288,7 @@ async def test_cut_after_a_stickless_script(fault_proxy: FaultProxy, redis_url: 
     try:
         cut = fault_proxy.cut_after(script="lease_acquire")
         with pytest.raises(RedisConnectionError):
-            await node.leases.acquire("s1", "node-a", 30.0)
+            await acquire_lease(node, "s1", "node-a", 30.0)
         await cut.wait_fired()
         lease = await check.leases.current("s1")
         assert lease is not None and lease.holder == "node-a"
@@ -366,7 +367,7 @@ async def test_hold_reply_of_a_stickless_script_until_released(
     check = RedisBackends.from_url(redis_url, namespace="t")
     try:
         hold = fault_proxy.hold_reply(script="lease_acquire", seconds=None)
-        task = asyncio.create_task(node.leases.acquire("s1", "node-a", 30.0))
+        task = asyncio.create_task(acquire_lease(node, "s1", "node-a", 30.0))
         await hold.wait_fired()
         # The lease is taken on the server while the caller still waits for the reply.
         lease = await check.leases.current("s1")

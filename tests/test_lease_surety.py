@@ -4,12 +4,12 @@ is found only in the turn task's first step, answered LEASE_LOST without calling
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+import threading
+from collections.abc import Callable, Collection
 
 import pytest
 
 from stickless import FailureCode, SessionRouter
-from stickless.backends.base import Lease
 
 from .agents import Journal, failure_code, req
 from .conftest import ClusterFactory
@@ -27,8 +27,9 @@ def _doubt_at(
     answers."""
     renewer = node.renewer
     surely: Callable[[str, int], bool] = renewer.surely_holds
-    leases = node.backends.leases
-    renew_many = leases.renew_many
+    liveness = node.backends.liveness
+    renew = liveness.renew
+    main = threading.current_thread()
     answers: list[bool] = []
 
     def doubting(session_id: str, token: int) -> bool:
@@ -38,13 +39,14 @@ def _doubt_at(
             answers.append(held)
         return held
 
-    async def confirming(batch: Sequence[Lease], ttl: float) -> list[Lease | None]:
-        if gone and [lease.session_id for lease in batch] == ["s1"]:
-            return [None]
-        return await renew_many(batch, ttl)
+    async def confirming(holder: str, incarnation: str, ttl: float, index_ttl: float) -> bool:
+        # the node's own confirmation (on its loop) hears "gone"; its renewer thread does not
+        if gone and threading.current_thread() is main:
+            return False
+        return await renew(holder, incarnation, ttl, index_ttl)
 
     monkeypatch.setattr(renewer, "surely_holds", doubting)
-    monkeypatch.setattr(leases, "renew_many", confirming)
+    monkeypatch.setattr(liveness, "renew", confirming)
     return answers
 
 

@@ -12,9 +12,10 @@ import pytest
 from stickless._errors import BackendUnavailableError
 from stickless._events import TextDelta
 from stickless._types import Priority, TranscriptEntry, UserInput
-from stickless.backends.base import Lease, ReservationRef, StagedCommit
+from stickless.backends.base import Lease, StagedCommit
 from stickless.backends.memory import MemoryBackends
 from stickless.wire import Envelope, Outcome, Signal, SignalKind
+from tests.liveness import acquire_lease
 
 TIMEOUT = 5.0
 
@@ -67,8 +68,12 @@ _LEASE = Lease("s1", "node-a", 1, 0.0)
 _OK = Outcome(turn_id="t1", ok=True)
 
 EVERY_OPERATION: dict[str, Operation] = {
-    "leases.acquire": lambda b: b.leases.acquire("s1", "node-a", 1.0),
-    "leases.renew_many": lambda b: b.leases.renew_many([_LEASE], 1.0),
+    "leases.acquire": lambda b: acquire_lease(b, "s1", "node-a", 1.0),
+    "liveness.register": lambda b: b.liveness.register("node-a", "inc", 1.0),
+    "liveness.renew": lambda b: b.liveness.renew("node-a", "inc", 1.0, 1.0),
+    "liveness.retire": lambda b: b.liveness.retire("node-a"),
+    "liveness.dead_holders": lambda b: b.liveness.dead_holders(10),
+    "liveness.forget": lambda b: b.liveness.forget("node-a"),
     "leases.release": lambda b: b.leases.release(_LEASE),
     "leases.current": lambda b: b.leases.current("s1"),
     "records.load": lambda b: b.records.load("s1"),
@@ -94,9 +99,6 @@ EVERY_OPERATION: dict[str, Operation] = {
     "signals.unsubscribe_events": lambda b: b.signals.unsubscribe_events("s1"),
     "idempotency.put_if_absent": lambda b: b.idempotency.put_if_absent(
         "s1", "k", "t1", "h", "node-a", 1.0, 1.0
-    ),
-    "idempotency.touch_many": lambda b: b.idempotency.touch_many(
-        [ReservationRef("s1", "k", "node-a")], 1.0
     ),
     "idempotency.acquire_holder": lambda b: b.idempotency.acquire_holder("s1", "k", "t", "n", 1.0),
     "idempotency.release_holder": lambda b: b.idempotency.release_holder("s1", "k", "n", 1.0),
@@ -136,7 +138,7 @@ async def test_links_share_data_and_survive_a_sibling_sever() -> None:
     # Given node-a's link wrote a lease, a record and a queued message
     node_a = MemoryBackends()
     node_b = node_a.link()
-    lease = await node_a.leases.acquire("s1", "node-a", 30.0)
+    lease = await acquire_lease(node_a, "s1", "node-a", 30.0)
     assert isinstance(lease, Lease)
     await node_a.records.provision("s1", "agent-a", lease.token)
     await node_a.inbox.deliver(_envelope("t1"))
@@ -242,7 +244,7 @@ async def test_every_time_decision_uses_the_store_clock() -> None:
     # Given a bundle on a fake clock with a lease, a reservation, a queued message and a frame
     clock = FakeClock()
     backends = MemoryBackends(clock=clock)
-    lease = await backends.leases.acquire("s1", "node-a", 10.0)
+    lease = await acquire_lease(backends, "s1", "node-a", 10.0)
     assert isinstance(lease, Lease) and lease.expires_at == 1010.0
     await backends.idempotency.put_if_absent("s1", "k", "t1", "h", "node-a", 5.0, 100.0)
     await backends.inbox.deliver(_envelope("t1"))
@@ -318,32 +320,32 @@ async def test_concurrent_delivers_from_threads_are_collected_exactly_once() -> 
 
 
 async def test_renewal_thread_and_main_loop_share_leases() -> None:
-    # Given leases acquired on this loop
+    # Given leases acquired on this loop by a live incarnation
     backends = MemoryBackends()
+    await backends.liveness.register("node-a", "inc-a", 30.0)
     leases = []
     for n in range(20):
-        lease = await backends.leases.acquire(f"s{n}", "node-a", 30.0)
+        lease = await backends.leases.acquire(f"s{n}", "node-a")
         assert isinstance(lease, Lease)
         leases.append(lease)
-    # When a renewal thread renews them on its own loop while this loop releases half
+    # When a renewal thread renews the incarnation on its own loop while this loop releases half
     renewer = backends.clone()
 
-    async def renew_rounds() -> list[list[Lease | None]]:
-        return [await renewer.leases.renew_many(leases, 30.0) for _ in range(50)]
+    async def renew_rounds() -> list[bool]:
+        return [await renewer.liveness.renew("node-a", "inc-a", 30.0, 60.0) for _ in range(50)]
 
     renewing = asyncio.to_thread(asyncio.run, renew_rounds())
     released = [await backends.leases.release(lease) for lease in leases[::2]]
     rounds = await renewing
     # Then releases succeed, kept leases survive with their tokens, and a released lease is
     # never renewed back to life
-    assert all(released)
+    assert all(released) and all(rounds)
     for n, lease in enumerate(leases):
         current = await backends.leases.current(f"s{n}")
         if n % 2:
             assert current is not None and current.token == lease.token
         else:
             assert current is None
-    assert all(r is not None for r in rounds[-1][1::2])
 
 
 async def test_publish_to_a_subscriber_whose_loop_closed_is_harmless() -> None:

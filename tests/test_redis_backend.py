@@ -22,9 +22,10 @@ from stickless import (
     TranscriptEntry,
 )
 from stickless._errors import EventCursorTrimmedError
-from stickless.backends.base import Lease, ReservationRef, ReservationState
+from stickless.backends.base import Lease, ReservationState
 from stickless.backends.redis import RedisBackends
 from stickless.wire import Signal, SignalKind
+from tests.liveness import acquire_lease, live
 
 from .commits import commit_turn
 from .redis_fixture import RedisServer, redis_executable
@@ -72,7 +73,7 @@ async def _publish_until_heard(
 
 async def _exercise_session(backends: RedisBackends, session_id: str) -> Lease:
     """Touch every storage role for one session."""
-    lease = await backends.leases.acquire(session_id, "node-a", LONG)
+    lease = await acquire_lease(backends, session_id, "node-a", LONG)
     assert isinstance(lease, Lease)
     await backends.records.provision(session_id, "agent-a", lease.token)
     await commit_turn(
@@ -104,8 +105,8 @@ async def test_keys_of_one_session_share_one_hash_tag(bundle: RedisBackends) -> 
     # When the keyspace is listed
     keys = await _all_keys(bundle)
     # Then each session's keys carry its own hash tag (so they map to one slot), and only the
-    # cluster-wide indexes (two, plus the holder's lease and reservation indexes) live outside
-    # every session's slot
+    # cluster-wide indexes (three, plus the holder's lease and reservation indexes) and the
+    # holders' liveness keys live outside every session's slot
     for session_id in ("s1", "user/42:chat"):
         tag = f"{{{NS}:s:{session_id}}}"
         own = [key for key in keys if key.startswith(tag + ":")]
@@ -127,8 +128,11 @@ async def test_keys_of_one_session_share_one_hash_tag(bundle: RedisBackends) -> 
     assert untagged == [
         f"{NS}:holder:node-a:idem",
         f"{NS}:holder:node-a:leases",
+        f"{NS}:idx:live",
         f"{NS}:idx:pending",
         f"{NS}:idx:stale",
+        f"{NS}:live:node-a",
+        f"{NS}:live:node-b",
     ]
 
 
@@ -138,8 +142,8 @@ async def test_namespaces_do_not_share_keys(redis_url: str) -> None:
     second = RedisBackends.from_url(redis_url, namespace="app-b")
     try:
         # When both lease the same session id
-        a = await first.leases.acquire("s1", "node-a", LONG)
-        b = await second.leases.acquire("s1", "node-b", LONG)
+        a = await acquire_lease(first, "s1", "node-a", LONG)
+        b = await acquire_lease(second, "s1", "node-b", LONG)
         # Then both win: the sessions are distinct
         assert isinstance(a, Lease) and isinstance(b, Lease)
     finally:
@@ -157,7 +161,7 @@ async def test_password_in_the_url_is_used(tmp_path: Path) -> None:
     )
     try:
         # When both bundles are used / Then only the one with the password gets in
-        assert isinstance(await with_password.leases.acquire("s1", "node-a", LONG), Lease)
+        assert isinstance(await acquire_lease(with_password, "s1", "node-a", LONG), Lease)
         with pytest.raises(RedisError):
             await without.leases.current("s1")
     finally:
@@ -177,7 +181,7 @@ async def test_clone_has_its_own_pool(bundle: RedisBackends) -> None:
     clone = bundle.clone()
     try:
         # When the clone is inspected and used
-        lease = await clone.leases.acquire("s1", "node-a", LONG)
+        lease = await acquire_lease(clone, "s1", "node-a", LONG)
         # Then it has its own pool over the same data
         assert clone.client.connection_pool is not bundle.client.connection_pool
         assert await bundle.leases.current("s1") == lease
@@ -188,22 +192,25 @@ async def test_clone_has_its_own_pool(bundle: RedisBackends) -> None:
 
 async def test_clone_serves_another_threads_loop(bundle: RedisBackends) -> None:
     # Given a lease and a clone made on this thread (as the router makes its renewal bundle)
-    lease = await bundle.leases.acquire("s1", "node-a", 5.0)
+    incarnation = await live(bundle, "node-a", 5.0)
+    lease = await acquire_lease(bundle, "s1", "node-a", 5.0)
     assert isinstance(lease, Lease)
     clone = bundle.clone()
-    renewed: list[Lease | None] = []
+    renewed: list[bool] = []
 
     async def renew_twice() -> None:
         for _ in range(2):
-            renewed.extend(await clone.leases.renew_many([lease], LONG))
+            renewed.append(await clone.liveness.renew("node-a", incarnation, LONG, LONG))
         await clone.aclose()
 
     # When another thread renews through it on its own event loop
     thread = threading.Thread(target=asyncio.run, args=(renew_twice(),))
     thread.start()
     await asyncio.to_thread(thread.join, 10)
-    # Then both renewals succeeded
-    assert [r is not None and r.token == lease.token for r in renewed] == [True, True]
+    # Then both renewals succeeded, and the lease is still the same one
+    assert renewed == [True, True]
+    current = await bundle.leases.current("s1")
+    assert current is not None and current.token == lease.token
 
 
 def test_missing_redis_py_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -225,18 +232,19 @@ def test_missing_redis_py_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> No
 
 async def test_scripts_survive_script_flush(bundle: RedisBackends) -> None:
     # Given a lease and a reservation, then the server forgets every script
-    lease = await bundle.leases.acquire("s1", "node-a", LONG)
+    lease = await acquire_lease(bundle, "s1", "node-a", LONG)
     assert isinstance(lease, Lease)
     await bundle.idempotency.put_if_absent("s1", "k1", "t1", "h", "node-a", LONG, DAY)
     await bundle.client.script_flush()
     # When single and pipelined script calls run
-    renewed = await bundle.leases.renew_many([lease], LONG)
+    renewed = await bundle.liveness.renew("node-a", await live(bundle, "node-a"), LONG, LONG)
     await bundle.client.script_flush()
-    await bundle.idempotency.touch_many([ReservationRef("s1", "k1", "node-a")], LONG)
+    indexed = await bundle.idempotency.expire_holder("node-a")
     await bundle.client.script_flush()
     current = await bundle.leases.current("s1")
     # Then they reload their scripts and work
-    assert renewed[0] is not None and current == renewed[0]
+    assert renewed and indexed == 0
+    assert current is not None and current.token == lease.token
     found = await bundle.idempotency.find("s1", "k1")
     assert found is not None and found.state is ReservationState.IN_FLIGHT
 
@@ -245,16 +253,16 @@ async def test_restarted_server_is_used_again(private_server: RedisServer) -> No
     # Given a bundle with state on a persisted server
     backends = RedisBackends.from_url(private_server.url, namespace=NS, socket_timeout=1.0)
     try:
-        lease = await backends.leases.acquire("s1", "node-a", LONG)
+        lease = await acquire_lease(backends, "s1", "node-a", LONG)
         assert isinstance(lease, Lease)
         # When the server restarts on the same port (empty script cache, same data)
         old_pid = private_server.pid
         private_server.restart()
         assert private_server.pid != old_pid
         # Then the same bundle reconnects, reloads its scripts and sees the data
-        assert await backends.leases.renew_many([lease], LONG) != [None]
+        assert await backends.liveness.renew("node-a", await live(backends, "node-a"), LONG, LONG)
         assert (
-            await backends.leases.acquire("s1", "node-a", LONG)
+            await acquire_lease(backends, "s1", "node-a", LONG)
         ) == await backends.leases.current("s1")
     finally:
         await backends.aclose()
@@ -264,14 +272,14 @@ async def test_stopped_server_fails_calls_then_recovers(private_server: RedisSer
     # Given a bundle with a short socket timeout, and the server stopped
     backends = RedisBackends.from_url(private_server.url, namespace=NS, socket_timeout=1.0)
     try:
-        lease = await backends.leases.acquire("s1", "node-a", LONG)
+        lease = await acquire_lease(backends, "s1", "node-a", LONG)
         assert isinstance(lease, Lease)
         private_server.stop()
         # When calls of every kind are made
         frame = TextDelta(session_id="s1", turn_id="t", seq=0, text="x")
         calls: list[Callable[[], Awaitable[object]]] = [
             lambda: backends.leases.current("s1"),
-            lambda: backends.leases.renew_many([lease], LONG),
+            lambda: backends.liveness.renew("node-a", "inc", LONG, LONG),
             lambda: backends.inbox.deliver(envelope("t1")),
             lambda: backends.idempotency.find_stale_in_flight(10),
             lambda: backends.events.append("s1", [frame]),

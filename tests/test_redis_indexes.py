@@ -11,11 +11,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stickless import Priority
-from stickless.backends.base import Lease, ReservationRef, Takeover
+from stickless.backends.base import Lease, Takeover
 from stickless.backends.redis import RedisBackends, _idempotency
 from stickless.backends.redis._keys import parse_reservation_member, reservation_member
 from stickless.backends.redis._scripts import Call
 from stickless.wire import Outcome
+from tests.liveness import kill, live
 
 from .redis_stores import DAY, LONG, envelope
 
@@ -55,14 +56,19 @@ async def test_stale_index_drops_dead_entries_and_rescores_live_ones(
     assert score is not None and score > 1.0
 
 
-async def test_stale_index_follows_a_deadline_moved_earlier(bundle: RedisBackends) -> None:
-    idem = bundle.idempotency
-    # Given a reservation with a long bound, touched with a short one
+async def test_a_dead_holders_reservation_is_found_once_made_due(bundle: RedisBackends) -> None:
+    idem, client, index = bundle.idempotency, bundle.client, bundle.keys.stale_index
+    # Given node-a's reservation, checked by the sweep while node-a lived (rescored far ahead)
     assert await idem.put_if_absent("s1", "k1", "t1", "h", "node-a", LONG, DAY) is None
-    await idem.touch_many([ReservationRef("s1", "k1", "node-a")], 0.1)
-    # When the short bound passes
-    await asyncio.sleep(0.3)
-    # Then the sweep finds it
+    assert await idem.find_stale_in_flight(10) == []
+    member = reservation_member("s1", "k1", "t1")
+    ahead = await client.zscore(index, member)
+    # When node-a's incarnation ends
+    await kill(bundle, "node-a")
+    # Then the sweep does not see it until the dead holder's reservations are made due, then does
+    assert ahead is not None and ahead > 1.0
+    assert await idem.find_stale_in_flight(10) == []
+    assert await idem.expire_holder("node-a") == 1
     assert [r.key for r in await idem.find_stale_in_flight(10)] == ["k1"]
 
 
@@ -88,7 +94,8 @@ async def test_stale_index_follows_a_take_over_during_a_scan(
     assert await idem.find_stale_in_flight(10) == []
     monkeypatch.undo()
     assert taken == [Takeover(attempt=1)]
-    # Then the next sweep finds it stale (node-b never touched it), not after the forward bound
+    # Then once node-b dies the next sweep finds it stale at once, not after the forward bound
+    await kill(bundle, "node-b")
     assert [r.holder for r in await idem.find_stale_in_flight(10)] == ["node-b"]
 
 
@@ -146,44 +153,36 @@ async def _members(bundle: RedisBackends, index: str) -> set[str]:
     return {member.decode() for member in await bundle.client.smembers(index)}
 
 
-async def _until_expired(bundle: RedisBackends, session_id: str) -> None:
-    for _ in range(100):
-        if await bundle.leases.current(session_id) is None:
-            return
-        await asyncio.sleep(0.02)
-    pytest.fail(f"the lease of {session_id} did not expire")
 
 
 async def test_holder_lease_index_heals(bundle: RedisBackends) -> None:
     leases, client = bundle.leases, bundle.client
     index = bundle.keys.holder_leases("node-a")
-    # Given node-a released one session, lost another to node-b after it expired, re-took a
-    # third after it expired (so its old lease is stale), and its index also lost the member of
-    # a fourth (a crash between script and index write) and holds a ghost and a malformed one
-    released = await leases.acquire("s-released", "node-a", LONG)
+    # Given node-a released one session; then its incarnation ended leaving two leases, one
+    # of which node-b took; its new incarnation re-took a third, its index lost the member of a
+    # fourth (a crash between script and index write) and holds a ghost and a malformed one
+    released = await leases.acquire("s-released", "node-a")
     assert isinstance(released, Lease)
     assert await leases.release(released)
     assert "s-released" not in await _members(bundle, index)
-    await leases.acquire("s-lost", "node-a", 0.1)
-    old = await leases.acquire("s-retaken", "node-a", 0.1)
-    assert isinstance(old, Lease)
-    await _until_expired(bundle, "s-lost")
-    await _until_expired(bundle, "s-retaken")
-    taken = await leases.acquire("s-lost", "node-b", LONG)
+    for session_id in ("s-lost", "s-left", "s-retaken"):
+        assert isinstance(await leases.acquire(session_id, "node-a"), Lease)
+    await kill(bundle, "node-a")
+    taken = await leases.acquire("s-lost", "node-b")
     assert isinstance(taken, Lease)
-    await leases.acquire("s-retaken", "node-a", LONG)
-    assert not await leases.release(old)  # a stale lease: the member of the new one stays
-    await leases.acquire("s-unindexed", "node-a", LONG)
+    await live(bundle, "node-a")
+    assert isinstance(await leases.acquire("s-retaken", "node-a"), Lease)
+    await leases.acquire("s-unindexed", "node-a")
     await client.srem(index, "s-unindexed")
-    await leases.acquire("s-unindexed", "node-a", LONG)  # a refresh indexes it again
+    await leases.acquire("s-unindexed", "node-a")  # a re-acquire indexes it again
     await client.sadd(index, "s-ghost", "bad{tag}")
-    # When node-a is revoked
+    # When node-a's dead leases are revoked
     revoked = await leases.revoke_holder("node-a")
-    # Then only its live leases are revoked, node-b's lease is untouched, and the index is
-    # emptied (revoked and dead members alike)
-    assert sorted(revoked) == ["s-retaken", "s-unindexed"]
+    # Then only the lease its dead incarnation left untaken is revoked, node-b's is untouched,
+    # the live incarnation's stay (with their members), and the rest of the index is emptied
+    assert revoked == ["s-left"]
     assert await leases.current("s-lost") == taken
-    assert await client.exists(index) == 0
+    assert await _members(bundle, index) == {"s-retaken", "s-unindexed"}
     assert await leases.revoke_holder("node-a") == []
 
 
@@ -209,7 +208,8 @@ async def test_holder_reservation_index_heals(bundle: RedisBackends) -> None:
     older = reservation_member("s1", "live", "t-older")
     await client.sadd(index, older, "garbage")
     await client.zrem(stale_index, live)
-    # When node-a's reservations are expired
+    # When node-a's incarnation ends and its reservations are expired
+    await kill(bundle, "node-a")
     count = await idem.expire_holder("node-a")
     # Then only the live one counts, is indexed as stale again and swept, and it is the only
     # member left

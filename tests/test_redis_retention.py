@@ -26,22 +26,26 @@ from stickless import SubmitKind
 from stickless._errors import EventCursorTrimmedError
 from stickless._events import TextDelta
 from stickless._types import UserInput
-from stickless.backends.base import Lease, ReservationRef
+from stickless.backends.base import Lease
 from stickless.backends.memory import MemoryBackends
 from stickless.backends.redis import RedisBackends
 from stickless.testing import LocalCluster
 from stickless.wire import Envelope, encode_event
+from tests.liveness import acquire_lease, kill, live
 
 from .agents import Journal, ScriptedOpener, req, wait_until
 from .conftest import FAST
 
 #: Per-session key suffixes kept without a TTL on purpose (removed by delete).
 DURABLE_SESSION_KEYS = {"record", "transcript"}
+#: What a held session also keeps without a TTL: its lease, valid while the holder's liveness
+#: key (which expires) lives, and dropped by release, delete or the dead-holder sweep.
+HELD_SESSION_KEYS = {"lease"}
 
 
 def _cluster_wide(namespace: str) -> set[str]:
     """Keys kept without a TTL on purpose: one of each per namespace."""
-    return {f"{namespace}:idx:stale", f"{namespace}:idx:pending"}
+    return {f"{namespace}:idx:stale", f"{namespace}:idx:pending", f"{namespace}:idx:live"}
 
 
 async def _keys_with_ttls(bundle: RedisBackends) -> dict[str, int]:
@@ -137,7 +141,9 @@ async def test_live_idle_session_keys_have_a_ttl_or_a_documented_reason(
     # the namespace has a TTL unless it is a documented cluster-wide index
     parts = {part: ttl for key, ttl in keys.items() if (part := _session_part(key, ns, "s-idle"))}
     assert {"lease", "tokens", "record", "transcript", "events"} <= set(parts), parts
-    assert {part for part, ttl in parts.items() if ttl < 0} == DURABLE_SESSION_KEYS, parts
+    assert {part for part, ttl in parts.items() if ttl < 0} == (
+        DURABLE_SESSION_KEYS | HELD_SESSION_KEYS
+    ), parts
     for key, ttl in keys.items():
         if not key.startswith("{") and key not in _cluster_wide(ns):
             assert ttl > 0, key
@@ -157,6 +163,8 @@ async def bundle(redis_url: str) -> AsyncIterator[RedisBackends]:
         token_ttl=600.0,
         inbox_ttl=120.0,
     )
+    for holder in ("node-a", "node-b"):
+        await live(backends, holder)
     yield backends
     await backends.aclose()
 
@@ -214,27 +222,28 @@ async def test_token_counter_expires_and_tokens_never_go_back(bundle: RedisBacke
     # Given a session leased and released a few times, its record fenced by the last token
     last = None
     for _ in range(3):
-        lease = await bundle.leases.acquire("s1", "node-a", 10.0)
+        lease = await acquire_lease(bundle, "s1", "node-a", 10.0)
         assert isinstance(lease, Lease)
         await bundle.records.provision("s1", "agent-a", lease.token)
         assert await bundle.leases.release(lease)
         last = lease
     assert last is not None
-    # Then the counter expires token_ttl after the lease it served would have expired (the
-    # expiry is rounded up to a whole millisecond, so it may read one more)
-    assert 600_000 < await bundle.client.pttl(counter) <= 610_001
+    # Then the counter expires token_ttl after the last grant (the expiry is rounded up to a
+    # whole millisecond, so it may read one more)
+    assert 590_000 < await bundle.client.pttl(counter) <= 600_001
     # When the counter is gone (expired, or lost with a restarted server)
     await bundle.client.delete(counter)
-    fresh = await bundle.leases.acquire("s1", "node-b", 10.0)
+    fresh = await acquire_lease(bundle, "s1", "node-b", 10.0)
     # Then the next token is still above every token issued before, so the old holder stays
     # fenced out and the record (fenced by the last token) can still be provisioned
     assert isinstance(fresh, Lease)
     assert fresh.token > last.token
     assert await bundle.records.provision("s1", "agent-a", fresh.token) == "agent-a"
-    # ...and a renewal keeps the counter alive past the lease
+    # ...and the next grant keeps the counter alive
+    assert await bundle.leases.release(fresh)
     await bundle.client.pexpire(counter, 1_000)
-    assert await bundle.leases.renew_many([fresh], 10.0) != [None]
-    assert await bundle.client.pttl(counter) > 600_000
+    assert isinstance(await acquire_lease(bundle, "s1", "node-b", 10.0), Lease)
+    assert await bundle.client.pttl(counter) > 590_000
 
 
 async def test_inbox_tier_expires_after_its_last_delivery(bundle: RedisBackends) -> None:
@@ -252,39 +261,37 @@ async def test_inbox_tier_expires_after_its_last_delivery(bundle: RedisBackends)
 async def test_holder_indexes_expire_when_their_holder_stops(bundle: RedisBackends) -> None:
     leases = bundle.keys.holder_leases("node-a")
     held = bundle.keys.holder_reservations("node-a")
-    # An acquire gives the holder's lease index a TTL of twice the lease TTL...
-    lease = await bundle.leases.acquire("s1", "node-a", 10.0)
+    # A reservation gives the holder's reservation index twice the staleness TTL
+    lease = await acquire_lease(bundle, "s1", "node-a")
     assert isinstance(lease, Lease)
-    assert 10_000 < await bundle.client.pttl(leases) <= 20_000
-    # ...which each renewal refreshes
-    await bundle.client.pexpire(leases, 1_000)
-    await bundle.leases.renew_many([lease], 10.0)
-    assert await bundle.client.pttl(leases) > 10_000
-    # A reservation gives the holder's reservation index twice the staleness TTL, refreshed by
-    # touches and take-overs
     assert await bundle.idempotency.put_if_absent("s1", "k", "t1", "h", "node-a", 5.0, 60.0) is None
     assert 5_000 < await bundle.client.pttl(held) <= 10_000
+    # ...and each liveness renewal keeps both of the holder's indexes for the index TTL
+    await bundle.client.pexpire(leases, 1_000)
     await bundle.client.pexpire(held, 1_000)
-    await bundle.idempotency.touch_many([ReservationRef("s1", "k", "node-a")], 5.0)
-    assert await bundle.client.pttl(held) > 5_000
+    assert await bundle.liveness.renew("node-a", await live(bundle, "node-a"), 10.0, 30.0)
+    assert 20_000 < await bundle.client.pttl(leases) <= 30_001
+    assert 20_000 < await bundle.client.pttl(held) <= 30_001
+    # A take-over gives the taker's index twice the staleness TTL
     assert await bundle.idempotency.release_holder("s1", "k", "node-a", 30.0)
     await bundle.idempotency.acquire_holder("s1", "k", "t1", "node-b", 5.0)
     assert await bundle.client.pttl(bundle.keys.holder_reservations("node-b")) > 5_000
 
 
-async def test_release_that_keeps_a_newer_lease_keeps_the_index_expiring(
+async def test_release_that_keeps_a_newer_lease_keeps_the_index_member(
     bundle: RedisBackends,
 ) -> None:
-    # Given a holder that re-acquired its session after its lease lapsed, releasing the old one
-    old = await bundle.leases.acquire("s1", "node-a", 0.05)
+    # Given a holder that re-acquired its session under a new incarnation, releasing the old one
+    old = await acquire_lease(bundle, "s1", "node-a")
     assert isinstance(old, Lease)
-    await asyncio.sleep(0.1)
-    new = await bundle.leases.acquire("s1", "node-a", 10.0)
+    await kill(bundle, "node-a")
+    new = await acquire_lease(bundle, "s1", "node-a")
     assert isinstance(new, Lease) and new.token > old.token
     assert not await bundle.leases.release(old)
-    # Then the holder index still names the session and still expires
+    # Then the holder index still names the session, and the next renewal gives it a TTL
     index = bundle.keys.holder_leases("node-a")
     assert await bundle.client.sismember(index, "s1")
+    assert await bundle.liveness.renew("node-a", await live(bundle, "node-a"), 10.0, 30.0)
     assert await bundle.client.pttl(index) > 0
 
 
@@ -305,11 +312,11 @@ async def test_expired_holder_index_costs_only_the_revoke_shortcut(
     bundle: RedisBackends,
 ) -> None:
     # Given a lease whose holder index expired (the holder stopped renewing long ago)
-    lease = await bundle.leases.acquire("s1", "node-a", 0.3)
+    lease = await acquire_lease(bundle, "s1", "node-c", 0.3)
     assert isinstance(lease, Lease)
-    await bundle.client.delete(bundle.keys.holder_leases("node-a"))
-    # Then revoking the holder finds nothing, and the lease still ends by its own TTL
-    assert await bundle.leases.revoke_holder("node-a") == []
+    await bundle.client.delete(bundle.keys.holder_leases("node-c"))
+    # Then revoking the holder finds nothing, and the lease still ends with its liveness
+    assert await bundle.leases.revoke_holder("node-c") == []
 
     async def gone() -> bool:
         return await bundle.leases.current("s1") is None

@@ -20,6 +20,7 @@ from stickless.backends.memory import (
     MemoryInbox,
     MemorySignalBus,
 )
+from tests.liveness import live
 
 T = TypeVar("T")
 
@@ -47,10 +48,17 @@ def _build(name: str, request: pytest.FixtureRequest) -> Backends:
     raise LookupError(f"no contract builder for backend {name!r}")
 
 
+#: Holders the contract tests act as, alive (see `tests.liveness`) unless a test ends one.
+HOLDERS = ("node-a", "node-b", "node-c", "node-dead", "node-alive")
+
+
 @pytest.fixture(params=BACKENDS)
 async def backends(request: pytest.FixtureRequest) -> AsyncIterator[Backends]:
-    """A fresh, empty bundle of the selected backend, closed after the test."""
+    """A fresh, empty bundle of the selected backend with `HOLDERS` alive, closed after the
+    test."""
     bundle = _build(request.param, request)
+    for holder in HOLDERS:
+        await live(bundle, holder)
     yield bundle
     await bundle.aclose()
 

@@ -9,8 +9,9 @@ from stickless._errors import FailureCode
 from stickless._types import Priority, UserInput
 from stickless.backends.base import REJECTED, Backends, Reservation, Takeover
 from stickless.wire import Envelope, Outcome
+from tests.liveness import kill
 
-from .test_idempotency import DAY, LONG, SHORT, _find, _make_holderless, _reserve, _wait_stale
+from .test_idempotency import DAY, LONG, SHORT, _find, _make_holderless, _reserve
 
 TOKEN = 7
 
@@ -108,7 +109,7 @@ async def test_a_stale_holder_with_a_durable_copy_is_taken_over_as_the_next_atte
     backends: Backends, wait_until: Any
 ) -> None:
     idem = backends.idempotency
-    # Given a turn its submitter runs with a durable copy, then stops touching it
+    # Given a turn its submitter runs with a durable copy, then dies
     await _reserve(backends, secondary_ttl=SHORT)
     held = await idem.hold("s1", "k1", "t1", "node-a", TOKEN, _envelope())
     assert held is not None and (await _find(backends)).durable
@@ -118,7 +119,7 @@ async def test_a_stale_holder_with_a_durable_copy_is_taken_over_as_the_next_atte
     assert not early.won and early.wait > 0
     assert await idem.acquire_holder("s1", "k1", "t1", "node-b", LONG) == REJECTED
     # And once stale it is taken as attempt 2, naming the attempt lost and its holder
-    await _wait_stale(backends, wait_until, "k1")
+    await kill(backends, "node-a")
     taken = await idem.acquire_holder("s1", "k1", "t1", "node-b", LONG, steal_below=3)
     assert taken == Takeover(attempt=2, lost=1, lost_by="node-a")
     found = await _find(backends)
@@ -134,8 +135,7 @@ async def test_a_lost_attempt_is_not_run_again_past_the_maximum_or_without_a_cop
     await _reserve(backends, "copied", secondary_ttl=SHORT)
     await _reserve(backends, "bare", secondary_ttl=SHORT)
     assert await idem.hold("s1", "copied", "t1", "node-a", TOKEN, _envelope()) is not None
-    await _wait_stale(backends, wait_until, "copied")
-    await _wait_stale(backends, wait_until, "bare")
+    await kill(backends, "node-a")
     # Then without a copy, or with attempt 1 already the maximum, nobody takes them over
     assert await idem.acquire_holder("s1", "bare", "t1", "node-b", LONG, steal_below=3) == REJECTED
     assert (
@@ -168,7 +168,7 @@ async def test_a_stale_attempt_cannot_answer_once_another_took_over(
     await _reserve(backends, secondary_ttl=SHORT)
     await backends.records.provision("s1", "bot", TOKEN)
     assert await idem.hold("s1", "k1", "t1", "node-a", TOKEN, _envelope()) is not None
-    await _wait_stale(backends, wait_until, "k1")
+    await kill(backends, "node-a")
     assert (await idem.acquire_holder("s1", "k1", "t1", "node-b", LONG, steal_below=3)).won
     # When the lost attempt 1 answers late, and a node answers for a wrong attempt
     late = await idem.mark_done("s1", "k1", "node-a", _ok(by="node-a"), DAY, attempt=1)

@@ -9,11 +9,11 @@ from stickless.backends.base import (
     REJECTED,
     Backends,
     Reservation,
-    ReservationRef,
     ReservationState,
     Takeover,
 )
 from stickless.wire import Outcome
+from tests.liveness import kill, live
 
 SHORT = 0.2
 LONG = 60.0
@@ -188,51 +188,66 @@ async def test_keys_are_scoped_per_session(backends: Backends) -> None:
 # --------------------------------------------------------------------------- staleness
 
 
-async def test_untouched_reservation_goes_stale(backends: Backends, wait_until: Any) -> None:
-    # Given a reservation with a short secondary TTL
-    await _reserve(backends, secondary_ttl=SHORT)
-    # When nobody touches it past that bound
-    await _wait_stale(backends, wait_until, "k1")
-    # Then the stale sweep finds it
-    stale = await backends.idempotency.find_stale_in_flight(10)
-    assert [(r.key, r.holder, r.stale) for r in stale] == [("k1", "node-a", True)]
-
-
-async def test_touch_many_pushes_only_held_reservations(
+async def test_held_reservation_lives_with_its_holder_without_touches(
     backends: Backends, wait_until: Any
 ) -> None:
-    # Given three short-lived reservations held by node-a
-    for key in ("touched", "untouched", "wrong-holder"):
-        await _reserve(backends, key, secondary_ttl=SHORT)
-    # When node-a touches one with a long bound and node-b "touches" another
-    await backends.idempotency.touch_many(
-        [
-            ReservationRef("s1", "touched", "node-a"),
-            ReservationRef("s1", "wrong-holder", "node-b"),
-            ReservationRef("s1", "missing", "node-a"),
-        ],
-        LONG,
-    )
-    # Then the untouched and wrongly-touched ones go stale while the touched one does not
-    await _wait_stale(backends, wait_until, "untouched")
-    await _wait_stale(backends, wait_until, "wrong-holder")
-    assert not (await _find(backends, "touched")).stale
-    assert await backends.idempotency.find("s1", "missing") is None
+    # Given a reservation of node-a made with a short secondary TTL, node-a alive
+    await _reserve(backends, secondary_ttl=SHORT)
+    # When the bound passes with nobody touching it
+    await asyncio.sleep(SHORT * 2)
+    # Then it is not stale: a held reservation lives as long as its holder's incarnation
+    assert not (await _find(backends)).stale
+    assert await backends.idempotency.find_stale_in_flight(10) == []
+
+
+async def test_reservation_of_a_dead_incarnation_is_stale_at_once(backends: Backends) -> None:
+    # Given reservations of node-a and node-b, with long bounds
+    await _reserve(backends, "of-a")
+    await _reserve(backends, "of-b", holder="node-b")
+    # When node-a's incarnation ends
+    await kill(backends, "node-a")
+    # Then node-a's is stale at once (no bound waited for), node-b's is not
+    assert (await _find(backends, "of-a")).stale
+    assert not (await _find(backends, "of-b")).stale
+    # And the sweep finds it once the dead holder's reservations are made due
+    assert await backends.idempotency.expire_holder("node-a") == 1
+    assert await backends.idempotency.expire_holder("node-b") == 0
     stale = await backends.idempotency.find_stale_in_flight(10)
-    assert sorted(r.key for r in stale) == ["untouched", "wrong-holder"]
+    assert [(r.key, r.holder, r.stale) for r in stale] == [("of-a", "node-a", True)]
+
+
+async def test_a_new_incarnation_does_not_revive_the_old_ones_reservations(
+    backends: Backends,
+) -> None:
+    # Given a reservation of node-a's incarnation
+    await _reserve(backends, "old")
+    # When node-a starts a new incarnation (a restart, or a liveness that lapsed)
+    await kill(backends, "node-a")
+    await live(backends, "node-a")
+    await _reserve(backends, "new")
+    # Then the old one stays stale and the new one is alive
+    assert (await _find(backends, "old")).stale
+    assert not (await _find(backends, "new")).stale
+
+
+async def test_reservation_of_a_holder_with_no_incarnation_is_stale(backends: Backends) -> None:
+    # When a node that never registered reserves a key
+    await _reserve(backends, holder="node-never")
+    # Then the reservation is stale from the start
+    assert (await _find(backends)).stale
 
 
 async def test_holderless_reservation_is_stale_only_after_forward_ttl(
     backends: Backends, wait_until: Any
 ) -> None:
-    # Given a held reservation and a holderless one, both with a short secondary TTL, the
-    # holderless one released with a long forward TTL
-    await _reserve(backends, "held", secondary_ttl=SHORT)
+    # Given a holderless reservation released with a long forward TTL and one with a short one
     await _reserve(backends, "queued", secondary_ttl=SHORT)
     assert await backends.idempotency.release_holder("s1", "queued", "node-a", LONG)
-    # When the secondary bound passes
-    await _wait_stale(backends, wait_until, "held")
-    # Then the holderless one is not stale yet
+    await _reserve(backends, "short")
+    assert await backends.idempotency.release_holder("s1", "short", "node-a", SHORT)
+    # When the short bound passes
+    await _wait_stale(backends, wait_until, "short")
+    # Then the long one is not stale yet
     queued = await _find(backends, "queued")
     assert (queued.holder, queued.stale) == (None, False)
 
@@ -249,28 +264,27 @@ async def test_holderless_reservation_goes_stale_after_short_forward_ttl(
     assert [(r.key, r.holder) for r in stale] == [("k1", None)]
 
 
-async def test_acquire_holder_restores_the_secondary_bound(
-    backends: Backends, wait_until: Any
-) -> None:
-    # Given a holderless reservation with a long forward TTL
-    await _make_holderless(backends)
-    # When node-b takes it over with a short secondary TTL
+async def test_acquire_holder_holds_under_the_taker_incarnation(backends: Backends) -> None:
+    # Given a holderless reservation with a short forward TTL
+    await _make_holderless(backends, forward_ttl=SHORT)
+    # When node-b takes it over
     won = await backends.idempotency.acquire_holder("s1", "k1", "t1", "node-b", SHORT)
-    # Then it is held by node-b and goes stale after the short bound
     assert won.won
-    assert (await _find(backends)).holder == "node-b"
-    await _wait_stale(backends, wait_until, "k1")
+    # Then it lives past the bound while node-b lives, and is stale once node-b is dead
+    await asyncio.sleep(SHORT * 2)
+    found = await _find(backends)
+    assert (found.holder, found.stale) == ("node-b", False)
+    await kill(backends, "node-b")
+    assert (await _find(backends)).stale
 
 
-async def test_find_stale_in_flight_respects_limit_and_skips_finished(
-    backends: Backends, wait_until: Any
-) -> None:
-    # Given three stale IN_FLIGHT reservations and one that finished
+async def test_find_stale_in_flight_respects_limit_and_skips_finished(backends: Backends) -> None:
+    # Given three stale IN_FLIGHT reservations (their holder dead) and one that finished
     for key in ("a", "b", "c", "done"):
-        await _reserve(backends, key, secondary_ttl=SHORT)
-    assert await backends.idempotency.mark_done("s1", "done", "node-a", _ok(), DAY)
-    for key in ("a", "b", "c"):
-        await _wait_stale(backends, wait_until, key)
+        await _reserve(backends, key, holder="node-c")
+    assert await backends.idempotency.mark_done("s1", "done", "node-c", _ok(), DAY)
+    await kill(backends, "node-c")
+    await backends.idempotency.expire_holder("node-c")
     # When the sweep asks for two, then for all
     two = await backends.idempotency.find_stale_in_flight(2)
     everything = await backends.idempotency.find_stale_in_flight(10)

@@ -93,7 +93,7 @@ async def test_pending_entries_of_a_holder_whose_lease_is_gone_are_listed_for_th
 ) -> None:
     inbox, leases = backends.inbox, backends.leases
     # Given a message collected under a live lease (nothing left queued in the streams)
-    lease = await leases.acquire("s1", "node-a", 30.0)
+    lease = await leases.acquire("s1", "node-a")
     assert isinstance(lease, Lease)
     await inbox.deliver(_envelope("collected"))
     await inbox.collect("s1", Priority.LATER, lease.token)

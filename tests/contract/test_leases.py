@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from stickless.backends.base import Backends, HeldElsewhere, Lease
+from tests.liveness import acquire_lease
 
 SHORT_TTL = 0.2
 LONG_TTL = 30.0
 
 
 async def _acquire(backends: Backends, session_id: str, holder: str, ttl: float) -> Lease:
-    result = await backends.leases.acquire(session_id, holder, ttl)
+    result = await acquire_lease(backends, session_id, holder, ttl)
     assert isinstance(result, Lease), result
     return result
 
@@ -38,7 +39,7 @@ async def test_acquire_held_elsewhere_reports_the_holder(backends: Backends) -> 
     # Given node-a holds the session
     lease = await _acquire(backends, "s1", "node-a", LONG_TTL)
     # When node-b tries to acquire it
-    result = await backends.leases.acquire("s1", "node-b", LONG_TTL)
+    result = await acquire_lease(backends, "s1", "node-b", LONG_TTL)
     # Then node-b is told who holds it and under which token, and the lease is unchanged
     assert isinstance(result, HeldElsewhere)
     assert (result.holder, result.token) == ("node-a", lease.token)
@@ -80,41 +81,6 @@ async def test_expired_lease_reacquired_by_same_holder_gets_new_token(
     assert new.token > old.token
 
 
-async def test_renew_many_keeps_held_leases_and_reports_lost_ones(
-    backends: Backends, wait_until: Any
-) -> None:
-    # Given node-a holds s-kept, released s-released, holds s-stale under another token, and
-    # lost s-taken to node-b after expiry
-    kept = await _acquire(backends, "s-kept", "node-a", 5.0)
-    released = await _acquire(backends, "s-released", "node-a", LONG_TTL)
-    assert await backends.leases.release(released)
-    stale = await _acquire(backends, "s-stale", "node-a", LONG_TTL)
-    wrong_token = Lease(stale.session_id, stale.holder, stale.token + 1, stale.expires_at)
-    taken = await _acquire(backends, "s-taken", "node-a", SHORT_TTL)
-    await _wait_expired(backends, "s-taken", wait_until)
-    await _acquire(backends, "s-taken", "node-b", LONG_TTL)
-    # When node-a renews all four in one call
-    renewed = await backends.leases.renew_many([kept, released, wrong_token, taken], LONG_TTL)
-    # Then only the held one is renewed (same token, later expiry), the others are None
-    assert renewed[1:] == [None, None, None]
-    first = renewed[0]
-    assert first is not None
-    assert (first.holder, first.token) == ("node-a", kept.token)
-    assert first.expires_at > kept.expires_at
-    assert await backends.leases.current("s-kept") == first
-
-
-async def test_renew_of_expired_untaken_lease_fails(backends: Backends, wait_until: Any) -> None:
-    # Given node-a's lease expired and nobody took the session
-    lease = await _acquire(backends, "s1", "node-a", SHORT_TTL)
-    await _wait_expired(backends, "s1", wait_until)
-    # When node-a renews it
-    renewed = await backends.leases.renew_many([lease], LONG_TTL)
-    # Then the renewal is refused and the session stays free
-    assert renewed == [None]
-    assert await backends.leases.current("s1") is None
-
-
 async def test_release_requires_matching_holder_and_token(backends: Backends) -> None:
     # Given node-a holds the session
     lease = await _acquire(backends, "s1", "node-a", LONG_TTL)
@@ -146,7 +112,7 @@ async def test_tokens_are_per_session(backends: Backends) -> None:
     # Given node-a holds s1
     s1 = await _acquire(backends, "s1", "node-a", LONG_TTL)
     # When node-b acquires a different session
-    s2 = await backends.leases.acquire("s2", "node-b", LONG_TTL)
+    s2 = await acquire_lease(backends, "s2", "node-b", LONG_TTL)
     # Then it gets the lease (sessions do not block each other)
     assert isinstance(s2, Lease)
     assert s2.holder == "node-b"

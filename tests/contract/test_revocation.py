@@ -1,9 +1,10 @@
 """Revocation contract: the "a peer is known dead" shortcut of fast failover.
 
-`LeaseStore.revoke_holder` expires a dead holder's leases at once (fencing keeps this safe: the
-token counter is untouched, so the next holder's token is larger and the dead holder's late
-writes are refused), and `IdempotencyStore.expire_holder` makes its IN_FLIGHT reservations stale
-at once so the sweep resets them without waiting for the secondary TTL.
+Ending a holder's incarnation (`Liveness.retire`) frees its leases and makes its held
+reservations stale at once; `LeaseStore.revoke_holder` then drops the lease hashes it left
+(fencing keeps this safe: the token counter is untouched, so the next holder's token is larger
+and the dead holder's late writes are refused), and `IdempotencyStore.expire_holder` makes its
+IN_FLIGHT reservations due for the sweep, which resets them without waiting for any bound.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from stickless.backends.base import (
     FencedOut,
     Lease,
     Reservation,
-    ReservationRef,
     ReservationState,
 )
 from stickless.wire import Outcome
+from tests.liveness import acquire_lease, kill, live
 
 from ..commits import commit_turn
 
@@ -34,7 +35,7 @@ ALIVE = "node-alive"
 
 
 async def _acquire(backends: Backends, session_id: str, holder: str, ttl: float = LONG) -> Lease:
-    result = await backends.leases.acquire(session_id, holder, ttl)
+    result = await acquire_lease(backends, session_id, holder, ttl)
     assert isinstance(result, Lease), result
     return result
 
@@ -73,23 +74,26 @@ async def test_revoke_returns_exactly_the_dead_holders_live_sessions(
     backends: Backends, wait_until: Any
 ) -> None:
     leases = backends.leases
-    # Given the dead holder holds two sessions, let a third expire, released a fourth, and lost
-    # a fifth to another holder after it expired; another holder holds a sixth
-    await _acquire(backends, "s1", DEAD)
-    await _acquire(backends, "s2", DEAD)
-    await _acquire(backends, "s-expired", DEAD, SHORT)
-    assert await leases.release(await _acquire(backends, "s-released", DEAD))
+    # Given the dead holder held two sessions, released a third and lost a fourth to another
+    # holder after its liveness ran out; another holder holds a fifth
+    await _acquire(backends, "s1", DEAD, SHORT)
+    await _acquire(backends, "s2", DEAD, SHORT)
+    assert await leases.release(await _acquire(backends, "s-released", DEAD, SHORT))
     await _acquire(backends, "s-lost", DEAD, SHORT)
-    await _wait_expired(backends, "s-expired", wait_until)
-    await _wait_expired(backends, "s-lost", wait_until)
+    await _wait_expired(backends, "s1", wait_until)
     await _acquire(backends, "s-lost", ALIVE)
     await _acquire(backends, "s-other", ALIVE)
+    # And a new incarnation of the same holder holds a sixth
+    await _acquire(backends, "s-new", DEAD)
     # When its leases are revoked
     revoked = await leases.revoke_holder(DEAD)
-    # Then exactly its two live sessions are reported, and neither has a lease any more
+    # Then exactly the two sessions the dead incarnation left are reported, and dropped; the
+    # new incarnation's lease is kept
     assert sorted(revoked) == ["s1", "s2"]
     assert await leases.current("s1") is None
     assert await leases.current("s2") is None
+    new = await leases.current("s-new")
+    assert new is not None and new.holder == DEAD
 
 
 async def test_after_revoke_another_holder_acquires_with_a_larger_token(
@@ -97,7 +101,8 @@ async def test_after_revoke_another_holder_acquires_with_a_larger_token(
 ) -> None:
     # Given the dead holder's lease on a session
     old = await _acquire(backends, "s1", DEAD)
-    # When it is revoked and another holder acquires the session
+    # When its incarnation ends, its lease is revoked and another holder acquires the session
+    await kill(backends, DEAD)
     assert await backends.leases.revoke_holder(DEAD) == ["s1"]
     assert await backends.leases.current("s1") is None
     new = await _acquire(backends, "s1", ALIVE)
@@ -114,15 +119,14 @@ async def test_dead_holders_late_writes_are_refused_after_revoke(backends: Backe
     old = await _acquire(backends, "s1", DEAD)
     await records.provision("s1", "agent-a", old.token)
     await commit_turn(backends, "s1", old.token, "t1", [entry])
-    # When its lease is revoked and the new holder takes and provisions the session
-    await leases.revoke_holder(DEAD)
+    # When its incarnation ends and the new holder takes and provisions the session
+    await kill(backends, DEAD)
     new = await _acquire(backends, "s1", ALIVE)
     await records.provision("s1", "agent-a", new.token)
-    # Then the dead holder's late commit is fenced out, and its lease cannot be renewed or
-    # released any more, while the new holder commits
+    # Then the dead holder's late commit is fenced out, and its lease cannot be released any
+    # more, while the new holder commits
     with pytest.raises(FencedOut):
         await commit_turn(backends, "s1", old.token, "t2", [entry])
-    assert await leases.renew_many([old], LONG) == [None]
     assert not await leases.release(old)
     await commit_turn(backends, "s1", new.token, "t3", [entry])
     view = await records.load("s1")
@@ -135,17 +139,18 @@ async def test_revoke_leaves_other_holders_leases_untouched(backends: Backends) 
     # Given two holders with a session each
     await _acquire(backends, "s-dead", DEAD)
     other = await _acquire(backends, "s-alive", ALIVE)
-    # When the dead one is revoked
+    # When the dead one's incarnation ends and its leases are revoked
+    await kill(backends, DEAD)
     await backends.leases.revoke_holder(DEAD)
-    # Then the other holder's lease is exactly as it was, and still renews
-    assert await backends.leases.current("s-alive") == other
-    renewed = await backends.leases.renew_many([other], LONG)
-    assert renewed[0] is not None and renewed[0].token == other.token
+    # Then the other holder's lease is as it was (same holder and token)
+    current = await backends.leases.current("s-alive")
+    assert current is not None and (current.holder, current.token) == (ALIVE, other.token)
 
 
 async def test_revoke_is_idempotent(backends: Backends) -> None:
     # Given the dead holder's lease was revoked once
     await _acquire(backends, "s1", DEAD)
+    await kill(backends, DEAD)
     assert await backends.leases.revoke_holder(DEAD) == ["s1"]
     # When it is revoked again, and a holder that never held anything is revoked
     again = await backends.leases.revoke_holder(DEAD)
@@ -165,7 +170,8 @@ async def test_expire_holder_makes_its_reservations_stale_at_once(backends: Back
     await _reserve(backends, "k1", DEAD)
     await _reserve(backends, "k2", DEAD, session_id="s2")
     assert await idem.find_stale_in_flight(10) == []
-    # When they are expired
+    # When its incarnation ends and they are expired
+    await kill(backends, DEAD)
     count = await idem.expire_holder(DEAD)
     # Then both are counted and the sweep sees them right away, still held by the dead holder
     assert count == 2
@@ -185,6 +191,7 @@ async def test_compare_and_reset_against_the_dead_holder_wins_after_expire(
     idem = backends.idempotency
     # Given the dead holder's reservation, expired
     await _reserve(backends, "k1", DEAD)
+    await kill(backends, DEAD)
     assert await idem.expire_holder(DEAD) == 1
     # When the sweep resets it, expecting the dead holder
     won = await idem.compare_and_reset("s1", "k1", DEAD, _failed("t-k1"))
@@ -217,7 +224,8 @@ async def test_expire_holder_leaves_other_reservations_untouched(backends: Backe
     await _reserve(backends, "k-failed", DEAD)
     assert await idem.compare_and_reset("s1", "k-failed", DEAD, _failed("t-k-failed"))
     before = {key: await _find(backends, key) for key in ("k-done", "k-failed")}
-    # When the dead holder's reservations are expired
+    # When the dead holder's incarnation ends and its reservations are expired
+    await kill(backends, DEAD)
     count = await idem.expire_holder(DEAD)
     # Then only its IN_FLIGHT one is counted and swept; the others are neither stale nor changed
     assert count == 1
@@ -233,28 +241,30 @@ async def test_expire_holder_leaves_other_reservations_untouched(backends: Backe
         assert await _find(backends, key) == was
 
 
-async def test_expire_holder_counts_only_what_it_made_stale(backends: Backends) -> None:
+async def test_expire_holder_counts_what_a_dead_incarnation_holds(backends: Backends) -> None:
     idem = backends.idempotency
     # Given the dead holder's reservation, expired once
     await _reserve(backends, "k1", DEAD)
+    assert await idem.expire_holder(DEAD) == 0  # alive: left alone
+    await kill(backends, DEAD)
     assert await idem.expire_holder(DEAD) == 1
     # When it is expired again, and a holder without reservations is expired
     again = await idem.expire_holder(DEAD)
     never = await idem.expire_holder("node-never")
-    # Then nothing more is counted, and the reservation is still stale and swept
-    assert (again, never) == (0, 0)
+    # Then it is counted again (still held by the dead incarnation), and still swept
+    assert (again, never) == (1, 0)
     assert [r.key for r in await idem.find_stale_in_flight(10)] == ["k1"]
 
 
-async def test_reset_after_expire_wins_even_after_a_late_touch(
-    backends: Backends,
-) -> None:
+async def test_a_new_incarnation_does_not_save_the_old_ones_turns(backends: Backends) -> None:
     idem = backends.idempotency
     # Given the dead holder's reservation, expired, and the sweep about to reset it
     await _reserve(backends, "k1", DEAD)
+    await kill(backends, DEAD)
     assert await idem.expire_holder(DEAD) == 1
-    # When a late touch from the (paused, not dead) holder lands first
-    await idem.touch_many([ReservationRef("s1", "k1", DEAD)], LONG)
-    # Then the reset expecting that holder still wins (resetting never depends on staleness)
+    # When the holder comes back as a new incarnation (a paused node resuming)
+    await live(backends, DEAD)
+    # Then the reservation is still stale, and the reset expecting that holder wins
+    assert (await _find(backends, "k1")).stale
     assert await idem.compare_and_reset("s1", "k1", DEAD, _failed("t-k1"))
     assert (await _find(backends, "k1")).state is ReservationState.FAILED

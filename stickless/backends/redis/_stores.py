@@ -26,6 +26,9 @@ from ._scripts import Call, Scripts, run_batch
 
 logger = logging.getLogger(__name__)
 
+#: TTL a holder's new lease index starts with (its liveness renewals set it from then on).
+_INDEX_FIRST_TTL_MS = 3_600_000
+
 # --------------------------------------------------------------------------- leases
 
 
@@ -75,8 +78,16 @@ class RedisLeaseStore(_Role):
             return HeldElsewhere(session_id, lease.holder, lease.token, lease.expires_at)
         # A re-acquire adds it again too, which heals a member lost to a crash. The lease is won
         # either way: a failed index write only costs the revoke shortcut, so it is not raised.
+        index = keys.holder_leases(holder)
         try:
-            await self._client.sadd(keys.holder_leases(holder), session_id)
+            await run_batch(
+                self._client,
+                [
+                    Call(None, ["SADD", index, session_id]),
+                    # until the holder's next liveness renewal sets the index TTL
+                    Call(None, ["PEXPIRE", index], [_INDEX_FIRST_TTL_MS, "NX"]),
+                ],
+            )
         except RedisError as exc:
             logger.warning("holder index of %s missed session %s: %s", holder, session_id, exc)
         return lease

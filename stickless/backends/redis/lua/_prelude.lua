@@ -47,11 +47,11 @@ end
 
 -- When `holder`'s liveness ends unless renewed, as a '%.6f' string (now when it has none).
 local function live_until(holder, t)
-  local ms = redis.call('PTTL', live_key(holder))
+  local ms = redis.call('PEXPIRETIME', live_key(holder))
   if ms < 0 then
-    ms = 0
+    return fmt(t)
   end
-  return fmt(t + ms / 1000)
+  return fmt(ms / 1000)
 end
 
 -- The valid lease {holder, token, exp} of a lease hash (its holder's incarnation alive), or nil.
