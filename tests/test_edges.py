@@ -396,15 +396,18 @@ async def test_events_accepts_well_formed_cursors(cluster: LocalCluster, after: 
     ("overrides", "message"),
     [
         (
-            {"lease_extend_interval": 10, "idempotency_secondary_ttl": 10},
+            {"lease_ttl": 30, "lease_extend_interval": 10, "idempotency_secondary_ttl": 10},
             "idempotency_secondary_ttl",
         ),
         (
-            {"lease_extend_interval": 10, "idempotency_secondary_ttl": 5},
+            {"lease_ttl": 30, "lease_extend_interval": 10, "idempotency_secondary_ttl": 5},
             "idempotency_secondary_ttl",
         ),
         ({"lease_extend_interval": 0.5, "watchdog_timeout": 0.25}, "watchdog_timeout"),
-        ({"lease_extend_interval": 10, "watchdog_timeout": 1.0}, "watchdog_timeout"),
+        (
+            {"lease_ttl": 30, "lease_extend_interval": 10, "watchdog_timeout": 1.0},
+            "watchdog_timeout",
+        ),
         ({"max_input_bytes": 32 * 1024 * 1024}, "max_input_bytes"),
     ],
 )
@@ -436,7 +439,7 @@ def test_config_accepts_the_timings_the_tests_and_demos_use() -> None:
         {**QUICK, "watchdog_timeout": 2.0},
     ):
         RouterConfig(**timings)
-    RouterConfig(lease_extend_interval=10, watchdog_timeout=1.5)
+    RouterConfig(lease_ttl=30, lease_extend_interval=10, watchdog_timeout=1.5)
     RouterConfig(max_input_bytes=16 * 1024 * 1024)
 
 

@@ -87,8 +87,8 @@ async def test_lost_lease_interrupts_the_turn_once_and_requeues_waiting_work(
     journal: Journal,
 ) -> None:
     metrics = CountingMetrics()
-    # (reservations stay fresh far longer than the lease, so no holder-loss sweep interferes)
-    settings = {**QUICK, "idempotency_secondary_ttl": 10.0}
+    # (no holder-loss sweep within the test: A itself notices its loss and re-queues its work)
+    settings = {**QUICK, "holder_loss_sweep_interval": 600.0}
     async with LocalCluster(
         3, opener=ScriptedOpener(journal), metrics=metrics, **settings
     ) as cluster:
@@ -116,8 +116,8 @@ async def test_lost_lease_interrupts_the_turn_once_and_requeues_waiting_work(
 async def test_paused_holders_late_commit_is_fenced_out(
     cluster_over: ClusterFactory, journal: Journal
 ) -> None:
-    # (reservations stay fresh far longer than the lease, so the fence answers, not the sweep)
-    async with cluster_over(**{**QUICK, "idempotency_secondary_ttl": 10.0}) as cluster:
+    # (no holder-loss sweep within the test, so the fence answers, not the sweep)
+    async with cluster_over(**{**QUICK, "holder_loss_sweep_interval": 600.0}) as cluster:
         a, b, _ = cluster.nodes
         await (await a.submit(req("s1", "before"))).result
         gate = journal.gate("late")

@@ -29,7 +29,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from stickless._types import Priority
 from stickless.backends.base import Lease
 from stickless.backends.redis import RedisBackends, RedisInbox
-from tests.liveness import acquire_lease
+from tests.liveness import acquire_lease, live
 
 from .faults import FaultProxy, stickless_scripts
 from .faults.fixtures import fault_proxy_fixture  # noqa: F401  (fixture `fault_proxy`)
@@ -286,9 +286,10 @@ async def test_cut_after_a_stickless_script(fault_proxy: FaultProxy, redis_url: 
     node = RedisBackends.from_url(fault_proxy.url(), namespace="t", retry=no_retry())
     check = RedisBackends.from_url(redis_url, namespace="t")
     try:
+        await live(check, "node-a")
         cut = fault_proxy.cut_after(script="lease_acquire")
         with pytest.raises(RedisConnectionError):
-            await acquire_lease(node, "s1", "node-a", 30.0)
+            await node.leases.acquire("s1", "node-a")
         await cut.wait_fired()
         lease = await check.leases.current("s1")
         assert lease is not None and lease.holder == "node-a"

@@ -336,7 +336,7 @@ async def test_stopped_holder_is_fenced_out_after_a_takeover(
             10,
             "no terminal frame of the stopped node's turn",
         )
-        assert [_terminal_code(f) for f in await _terminals(frames, gated["turn_id"])] == [
+        assert [_terminal_code(f) for f in await _terminals(frames, gated["turn_id"]) or []] == [
             failure.value.code
         ]
         seen = [
@@ -361,8 +361,9 @@ async def test_stopped_holder_is_fenced_out_after_a_takeover(
         await stream.aclose()
 
 
-async def _terminals(frames: list[Any], turn_id: str) -> list[Any]:
-    return [f for f in frames if f.turn_id == turn_id and f.type in TERMINAL]
+async def _terminals(frames: list[Any], turn_id: str) -> list[Any] | None:
+    """The terminal frames of the turn seen so far (None before the first: `poll` waits)."""
+    return [f for f in frames if f.turn_id == turn_id and f.type in TERMINAL] or None
 
 
 def _terminal_code(frame: Any) -> FailureCode | None:

@@ -183,21 +183,20 @@ async def test_a_claim_fenced_out_at_provisioning_is_not_an_error_for_the_caller
     assert journal.texts("s1") == ["fenced"]
 
 
-async def test_a_lease_won_too_late_to_be_sure_it_lasts_is_not_run_on(
+async def test_a_lease_won_by_an_incarnation_that_ended_meanwhile_is_not_run_on(
     start: Start, fault_proxy: FaultProxy, redis_url: str, journal: Journal
 ) -> None:
     late = await start(fault_proxy.url())
-    leases = (await start(redis_url)).backends.leases
+    direct = (await start(redis_url)).backends
     # Given a node's lease acquisition runs on the server, but its reply is held until the
-    # lease it won has run out (anyone may claim the session by then)
+    # node's incarnation has ended (its liveness ran out: anyone may claim the session by then)
+    # and the node has registered a new one
     held = fault_proxy.hold_reply(script="lease_acquire", seconds=None)
     submitting = asyncio.ensure_future(late.submit(req("s1", "late", idempotency_key="k")))
     await held.wait_fired()
-
-    async def run_out() -> bool:
-        return await leases.current("s1") is None
-
-    await wait_until(run_out)
+    epoch = late.renewer.epoch
+    assert await direct.liveness.retire(late.node_id)
+    await wait_until(lambda: late.renewer.epoch > epoch and bool(late.renewer.incarnation))
     # When the reply comes in
     held.release()
     disposition = await submitting

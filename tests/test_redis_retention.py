@@ -26,7 +26,7 @@ from stickless import SubmitKind
 from stickless._errors import EventCursorTrimmedError
 from stickless._events import TextDelta
 from stickless._types import UserInput
-from stickless.backends.base import Lease
+from stickless.backends.base import HOLDER_INDEX_TTL, Lease
 from stickless.backends.memory import MemoryBackends
 from stickless.backends.redis import RedisBackends
 from stickless.testing import LocalCluster
@@ -261,21 +261,26 @@ async def test_inbox_tier_expires_after_its_last_delivery(bundle: RedisBackends)
 async def test_holder_indexes_expire_when_their_holder_stops(bundle: RedisBackends) -> None:
     leases = bundle.keys.holder_leases("node-a")
     held = bundle.keys.holder_reservations("node-a")
-    # A reservation gives the holder's reservation index twice the staleness TTL
+    hour = int(HOLDER_INDEX_TTL * 1000)
+    # A lease and a reservation give the holder's indexes HOLDER_INDEX_TTL
     lease = await acquire_lease(bundle, "s1", "node-a")
     assert isinstance(lease, Lease)
     assert await bundle.idempotency.put_if_absent("s1", "k", "t1", "h", "node-a", 5.0, 60.0) is None
-    assert 5_000 < await bundle.client.pttl(held) <= 10_000
-    # ...and each liveness renewal keeps both of the holder's indexes for the index TTL
+    for index in (leases, held):
+        assert hour - 5_000 < await bundle.client.pttl(index) <= hour
+    # ...and each liveness renewal pushes both later again (never earlier)
     await bundle.client.pexpire(leases, 1_000)
     await bundle.client.pexpire(held, 1_000)
-    assert await bundle.liveness.renew("node-a", await live(bundle, "node-a"), 10.0, 30.0)
-    assert 20_000 < await bundle.client.pttl(leases) <= 30_001
-    assert 20_000 < await bundle.client.pttl(held) <= 30_001
-    # A take-over gives the taker's index twice the staleness TTL
+    incarnation = await live(bundle, "node-a")
+    assert await bundle.liveness.renew("node-a", incarnation, 10.0, HOLDER_INDEX_TTL)
+    for index in (leases, held):
+        assert hour - 5_000 < await bundle.client.pttl(index) <= hour
+    assert await bundle.liveness.renew("node-a", incarnation, 10.0, 1.0)
+    assert await bundle.client.pttl(held) > hour - 5_000
+    # A take-over gives the taker's index the same
     assert await bundle.idempotency.release_holder("s1", "k", "node-a", 30.0)
     await bundle.idempotency.acquire_holder("s1", "k", "t1", "node-b", 5.0)
-    assert await bundle.client.pttl(bundle.keys.holder_reservations("node-b")) > 5_000
+    assert await bundle.client.pttl(bundle.keys.holder_reservations("node-b")) > hour - 5_000
 
 
 async def test_release_that_keeps_a_newer_lease_keeps_the_index_member(

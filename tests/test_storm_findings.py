@@ -254,8 +254,8 @@ async def test_a_message_delivered_after_the_release_purge_is_not_failed_as_evic
 @pytest.mark.xfail(FENCED_QUEUE_BUG, strict=True, reason="see FENCED_QUEUE_BUG")
 async def test_work_queued_behind_a_fenced_out_turn_goes_to_the_new_holder() -> None:
     journal = Journal()
-    # (reservations stay fresh while A's renewals pause: only the lease runs out)
-    settings = {**REPRO, "idempotency_secondary_ttl": 30.0}
+    # (no holder-loss sweep within the test: only A's lease runs out, with its liveness)
+    settings = {**REPRO, "holder_loss_sweep_interval": 600.0}
     async with LocalCluster(2, opener=ScriptedOpener(journal), **settings) as cluster:
         a, b = cluster.nodes
         await (await a.submit(repro_request("first"))).result

@@ -54,16 +54,19 @@ async def test_a_turn_requeued_and_taken_back_by_its_node_waits_as_a_local_turn(
     journal: Journal,
 ) -> None:
     forward_ttl = 1.0
-    async with make_cluster(journal, nodes=1, forward_ttl=forward_ttl) as cluster:
+    # (no holder-loss sweep within the test: the node itself notices its loss)
+    quiet_sweep = {"holder_loss_sweep_interval": 600.0}
+    async with make_cluster(journal, nodes=1, forward_ttl=forward_ttl, **quiet_sweep) as cluster:
         node = cluster.nodes[0]
         journal.gate("long")
         queued_gate = journal.gate("queued")
         lost = await node.submit(req("s1", "long"))
         await journal.entered["long"].wait()
         queued = await node.submit(req("s1", "queued"))
-        # Given the node loses the session's lease: its running turn ends LEASE_LOST and the
-        # queued turn goes back to the inbox (its caller now follows it like a forward)
-        assert await cluster.backends.leases.revoke_holder(node.node_id) == ["s1"]
+        # Given the node's incarnation ends (it loses every lease): its running turn ends
+        # LEASE_LOST and the queued turn goes back to the inbox (its caller now follows it like
+        # a forward)
+        assert await cluster.backends.liveness.retire(node.node_id)
         assert await failure_code(lost.result) is FailureCode.LEASE_LOST
         # When the same node takes the session back and runs the turn for longer than
         # forward_ttl

@@ -135,12 +135,12 @@ def test_config_rejects_nonsense(overrides: dict[str, Any], message: str) -> Non
 
 def test_config_defaults_match_the_design() -> None:
     config = RouterConfig()
-    assert (config.idle_ttl, config.max_cached_sessions, config.lease_ttl) == (600, 1000, 30)
-    assert (config.lease_extend_interval, config.status_heartbeat_interval) == (10, 10)
-    assert (config.holder_loss_sweep_interval, config.idempotency_primary_ttl) == (15, 86400)
+    assert (config.idle_ttl, config.max_cached_sessions, config.lease_ttl) == (600, 1000, 3)
+    assert (config.lease_extend_interval, config.status_heartbeat_interval) == (1, 10)
+    assert (config.holder_loss_sweep_interval, config.idempotency_primary_ttl) == (1, 86400)
     assert (config.idempotency_secondary_ttl, config.forward_ttl) == (30, 300)
     assert (config.release_interrupt_timeout, config.max_input_bytes) == (5, 1_000_000)
-    assert config.watchdog_timeout is None and config.effective_watchdog_timeout == 90
+    assert config.watchdog_timeout is None and config.effective_watchdog_timeout == 9
 
 
 def test_distributed_mode_refuses_memory_backends(journal: Journal) -> None:

@@ -377,6 +377,15 @@ class TurnOutcomes(RouterPart):
             self._tell_unknown(turn_id)
             return False
         (found,) = looked_up
+        if found is not None and found.turn_id == turn_id and found.stale and not found.outcome:
+            # Its holder is dead (not yet swept): answer it here as the sweep would, so the
+            # answer found below decides what becomes of this copy (a dead letter, say).
+            await quiet(self.reset_stale(found))
+            looked_up = await self._patiently(lambda: idem.find(session_id, key))
+            if looked_up is None:  # undecided: it stays pending for a later holder
+                self._tell_unknown(turn_id)
+                return False
+            (found,) = looked_up
         if found is not None and found.turn_id == turn_id:
             if found.outcome is None:  # it started on another node: it ends there
                 await self.ack(session_id, work.pending)

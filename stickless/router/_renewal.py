@@ -53,6 +53,7 @@ class LeaseRenewer:
         #: The live incarnation ("" until registered) and how many it replaced.
         self._incarnation = ""
         self._epoch = 0
+        self._registering = False
         #: When (`time.monotonic()`) the registration or renewal that last extended the
         #: incarnation was sent.
         self._beat_sent = -float("inf")
@@ -115,6 +116,22 @@ class LeaseRenewer:
                 return False
             return time.monotonic() - self._beat_sent < self._lease_ttl
 
+    async def ensure_alive(self, backends: Backends) -> None:
+        """Make sure the incarnation has a renewal interval of life left at least, before this
+        node writes something held under it (a reservation): confirmed over `backends` when in
+        doubt (a pause, a stall), replaced by a new incarnation when it turns out dead.
+
+        Raises:
+            BackendUnavailableError: the store could not be reached.
+        """
+        with self._lock:
+            since = time.monotonic() - self._beat_sent
+            if self._incarnation and since < self._lease_ttl - self._interval:
+                return
+            epoch = self._epoch
+        if not await self.confirm(backends):
+            await self.revive(backends, epoch)
+
     async def confirm(self, backends: Backends) -> bool:
         """Renew the incarnation now over `backends` (the caller's loop): True when it is alive
         (sure for a lease TTL from now), False when it is dead (the renewer thread then drops
@@ -135,18 +152,35 @@ class LeaseRenewer:
 
     async def register(self, backends: Backends) -> None:
         """Start a new incarnation over `backends`; every lease of the old one is lost first.
+        One registration at a time: a call while another is under way (the renewer thread and
+        a claim that found the incarnation dead) returns at once.
 
         Raises:
             BackendUnavailableError: the store could not be reached (the node then holds
                 nothing until a later registration succeeds).
         """
-        self._abandon()
-        incarnation = uuid.uuid4().hex
-        sent = time.monotonic()
-        await backends.liveness.register(self._node_id, incarnation, self._lease_ttl)
         with self._lock:
-            self._incarnation = incarnation
-            self._beat_sent = sent
+            if self._registering:
+                return
+            self._registering = True
+        try:
+            self._abandon()
+            incarnation = uuid.uuid4().hex
+            sent = time.monotonic()
+            await backends.liveness.register(self._node_id, incarnation, self._lease_ttl)
+            with self._lock:
+                self._incarnation = incarnation
+                self._beat_sent = sent
+        finally:
+            with self._lock:
+                self._registering = False
+
+    async def revive(self, backends: Backends, epoch: int) -> None:
+        """The store found this node's incarnation `epoch` dead (an acquire refused with
+        `NotLive`): register a new one now, unless that incarnation was replaced already,
+        instead of leaving the node unable to take anything until the renewer's next tick."""
+        if self.epoch == epoch:
+            await self.register(backends)
 
     def _abandon(self) -> None:
         """The incarnation is dead (or being replaced): lose every lease it held."""

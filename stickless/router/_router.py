@@ -20,7 +20,7 @@ from .._metrics import NOOP_METRICS, SafeMetrics, SessionMetrics
 from .._session import FactoryOpener, LiveSession, LiveSessionOpener
 from .._types import SubmitRequest
 from ..actors import SessionActor, StopReason
-from ..backends.base import Backends, Lease
+from ..backends.base import HOLDER_INDEX_TTL, Backends, Lease
 from ..wire import (
     EvictPayload,
     Signal,
@@ -69,7 +69,7 @@ class SessionRouter:
             node_id,
             lease_ttl=config.lease_ttl,
             interval=config.lease_extend_interval,
-            index_ttl=2 * max(config.lease_ttl, config.idempotency_secondary_ttl),
+            index_ttl=HOLDER_INDEX_TTL,
             watchdog_timeout=config.effective_watchdog_timeout,
             on_lost=self._lost_on_renewer_thread,
         )

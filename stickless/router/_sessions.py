@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from .._errors import ConflictingAgentError, SticklessError
 from ..actors import SessionActor
-from ..backends.base import FencedOut, HeldElsewhere, Lease
+from ..backends.base import FencedOut, HeldElsewhere, Lease, NotLive
 from ._background import KeyedLocks, io, log, quiet
 from ._context import NodeContext, RouterPart
 
@@ -87,7 +87,12 @@ class LocalSessions(RouterPart):
         """
         epoch = self._renewer.epoch
         started = time.monotonic()
-        won = await io(self._backends.leases.acquire(session_id, self._node_id))
+        try:
+            won = await io(self._backends.leases.acquire(session_id, self._node_id))
+        except NotLive:
+            await io(self._renewer.revive(self._backends, epoch))
+            epoch = self._renewer.epoch
+            won = await io(self._backends.leases.acquire(session_id, self._node_id))
         took = time.monotonic() - started
         self._metrics.emit("on_lock_acquire", session_id, isinstance(won, Lease), took)
         if isinstance(won, HeldElsewhere):

@@ -119,6 +119,8 @@ class Submitter(SessionPart):
             )
         key = reservation_key(req, turn_id)
         input_hash = req.input_hash()
+        # The reservation is held under this node's incarnation: never under a dead one.
+        await io(self._renewer.ensure_alive(self._backends))
         for _ in range(_RESERVE_ATTEMPTS):
             try:
                 existing = await io(

@@ -56,7 +56,7 @@ from ._leases import (
     LeaseStore,
     NotLive,
 )
-from ._liveness import Liveness
+from ._liveness import HOLDER_INDEX_TTL, Liveness
 from ._records import (
     RecordStore,
     RecordView,
@@ -69,6 +69,7 @@ from ._signals import (
 )
 
 __all__ = [
+    "HOLDER_INDEX_TTL",
     "MAX_RAW_BYTES",
     "REJECTED",
     "AttemptRecord",

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
+#: Seconds a holder's indexes (of its leases and reservations) live after their last write or
+#: the holder's last renewal: far longer than a dead holder takes to be swept, so they are
+#: there when the sweep comes (and a crashed node's are gone an hour later).
+HOLDER_INDEX_TTL = 3600.0
+
 
 class Liveness(Protocol):
     """One key per holder naming its current incarnation; a lease or held reservation is valid

@@ -47,8 +47,13 @@ class MemoryLiveness:
             return [holder for _, holder in due[: max(limit, 0)]]
 
     async def forget(self, holder: str) -> None:
-        """Drop the holder unless a renewal scored it ahead of now."""
+        """Drop a dead holder from the index; a live one is scored at its liveness deadline."""
         with self._link.open() as state:
+            now = state.clock()
             score = state.live_index.get(holder)
-            if score is not None and score < state.clock():
+            if score is None or score >= now:
+                return
+            if incarnation_of(state, holder, now):
+                state.live_index[holder] = state.liveness[holder].expires_at
+            else:
                 del state.live_index[holder]

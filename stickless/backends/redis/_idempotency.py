@@ -126,7 +126,7 @@ class RedisIdempotencyStore(_Role):
                 ),
                 Call(None, ["ZADD", self._keys.stale_index, "LT", "0", member]),
                 Call(None, ["SADD", index, member]),
-                *_keep_index(index, secondary_ttl),
+                *_keep_index(index),
             ],
         )
         if not int(created):
@@ -167,7 +167,7 @@ class RedisIdempotencyStore(_Role):
                 ),
                 Call(self._scripts.index_lower, [self._keys.stale_index], [member]),
                 Call(None, ["SADD", index, member]),
-                *_keep_index(index, secondary_ttl),
+                *_keep_index(index),
             ],
         )
         if int(reply[0]):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._role import _num, _Role, _text
+from ._role import _ms, _num, _Role, _text
 
 
 class RedisLiveness(_Role):
@@ -26,7 +26,7 @@ class RedisLiveness(_Role):
                 keys.holder_leases(holder),
                 keys.holder_reservations(holder),
             ],
-            args=[holder, incarnation, _num(ttl), _num(index_ttl)],
+            args=[holder, incarnation, _num(ttl), _ms(index_ttl)],
         )
         return bool(int(reply))
 
@@ -46,5 +46,5 @@ class RedisLiveness(_Role):
         return [_text(holder) for holder in reply]
 
     async def forget(self, holder: str) -> None:
-        """Drop the holder from the index unless it was renewed meanwhile."""
+        """Drop a dead holder from the index; a live one is scored at its liveness deadline."""
         await self._scripts.live_forget(keys=[self._keys.live_index], args=[holder])

@@ -7,6 +7,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from ..base import HOLDER_INDEX_TTL
 from ._keys import Keys
 from ._scripts import Call, Scripts
 
@@ -25,10 +26,11 @@ def _num(value: float) -> str:
     return repr(float(value))
 
 
-def _keep_index(index: str, ttl: float) -> list[Call]:
-    """Commands keeping a per-holder index alive for twice `ttl` from now: set when it has no
-    expiry, pushed later when it has an earlier one, never pulled earlier (NX, then GT)."""
-    ms = _ms(2 * ttl)
+def _keep_index(index: str) -> list[Call]:
+    """Commands keeping a per-holder index alive for `HOLDER_INDEX_TTL` from now: set when it
+    has no expiry, pushed later when it has an earlier one, never pulled earlier (NX, then
+    GT)."""
+    ms = _ms(HOLDER_INDEX_TTL)
     return [Call(None, ["PEXPIRE", index], [ms, "NX"]), Call(None, ["PEXPIRE", index], [ms, "GT"])]
 
 

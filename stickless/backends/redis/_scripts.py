@@ -3,16 +3,17 @@ singly (redis-py reloads a script the server forgot) or many per pipeline (one r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.client import Pipeline
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
+from redis.typing import EncodableT, KeyT
 
 _LUA = files(__package__).joinpath("lua")
 
@@ -24,24 +25,31 @@ def source(name: str) -> str:
     return prelude + "\n" + _LUA.joinpath(f"{name}.lua").read_text(encoding="utf-8")
 
 
-def lua_string(text: str) -> str:
-    """`text` as a Lua string literal (every byte a decimal escape: no quoting to get wrong)."""
-    return '"' + "".join(f"\\{byte:03d}" for byte in text.encode("utf-8")) + '"'
+class Script(AsyncScript):
+    """A stickless script: every call passes the namespace's prefix of liveness keys as one
+    more, last, key (`Keys.live_prefix`): the prelude checks a lease's or reservation's holder
+    against its liveness key, whose name the caller cannot pass beforehand (the holder is read
+    inside the script), and the script text stays the same in every namespace."""
+
+    def __init__(self, client: Redis, text: str, live_prefix: str) -> None:
+        super().__init__(client, text)
+        self.live_prefix = live_prefix
+
+    async def __call__(
+        self,
+        keys: Sequence[KeyT] | None = None,
+        args: Iterable[EncodableT] | None = None,
+        client: Redis | RedisCluster | None = None,
+    ) -> Any:
+        return await super().__call__([*(keys or ()), self.live_prefix], args, client)
 
 
 class Scripts:
-    """Every script registered on one client (each keeps its SHA and reloads on NOSCRIPT).
-
-    Each script starts with the namespace's prefix of liveness keys (`Keys.liveness`): the
-    prelude checks a lease's or reservation's holder against its liveness key, whose name the
-    caller cannot pass beforehand (the holder is read inside the script).
-    """
+    """Every script registered on one client (each keeps its SHA and reloads on NOSCRIPT)."""
 
     def __init__(self, client: Redis, live_prefix: str) -> None:
-        header = f"local LIVE_PREFIX = {lua_string(live_prefix)}\n"
-
-        def load(name: str) -> AsyncScript:
-            return client.register_script(header + source(name))
+        def load(name: str) -> Script:
+            return Script(client, source(name), live_prefix)
 
         self.lease_acquire = load("lease_acquire")
         self.lease_release = load("lease_release")
@@ -85,7 +93,7 @@ Arg = str | bytes | int | float
 class Call:
     """One command of a batch: a script with keys and args, or (script None) a plain command."""
 
-    script: AsyncScript | None
+    script: Script | None
     keys: Sequence[str]
     args: Sequence[Arg] = ()
 
@@ -95,7 +103,8 @@ def _queue(pipe: Pipeline, call: Call) -> None:
     if call.script is None:
         pipe.execute_command(*call.keys, *call.args)
     else:
-        pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+        keys = (*call.keys, call.script.live_prefix)
+        pipe.evalsha(call.script.sha, len(keys), *keys, *call.args)
 
 
 async def _send(client: Redis, calls: Sequence[Call]) -> list[Any]:

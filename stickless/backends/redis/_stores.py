@@ -21,13 +21,10 @@ from ..base import (
     RecordView,
 )
 from ._keys import Keys
-from ._role import _SCAN_BATCH, _num, _Role, _text
+from ._role import _SCAN_BATCH, _keep_index, _num, _Role, _text
 from ._scripts import Call, Scripts, run_batch
 
 logger = logging.getLogger(__name__)
-
-#: TTL a holder's new lease index starts with (its liveness renewals set it from then on).
-_INDEX_FIRST_TTL_MS = 3_600_000
 
 # --------------------------------------------------------------------------- leases
 
@@ -84,8 +81,7 @@ class RedisLeaseStore(_Role):
                 self._client,
                 [
                     Call(None, ["SADD", index, session_id]),
-                    # until the holder's next liveness renewal sets the index TTL
-                    Call(None, ["PEXPIRE", index], [_INDEX_FIRST_TTL_MS, "NX"]),
+                    *_keep_index(index),
                 ],
             )
         except RedisError as exc:

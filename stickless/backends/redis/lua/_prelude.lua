@@ -33,8 +33,11 @@ local function keep_counter(key, lease_exp, token_ttl)
   end
 end
 
--- The liveness key of a holder: a string naming its live incarnation (LIVE_PREFIX, the
--- namespace's prefix of those keys, is defined ahead of this prelude by the script loader).
+-- The namespace's prefix of liveness keys: every call passes it as its last key (see
+-- _scripts.Script).
+local LIVE_PREFIX = KEYS[#KEYS]
+
+-- The liveness key of a holder: a string naming its live incarnation.
 local function live_key(holder)
   return LIVE_PREFIX .. holder
 end
