@@ -14,6 +14,7 @@ from stickless.testing import LocalCluster
 from stickless.wire import Outcome
 
 from .agents import Journal, failure_code, req
+from .commits import mark_done
 from .conftest import make_cluster
 
 
@@ -136,7 +137,7 @@ async def test_a_refused_answer_whose_lookup_fails_never_contradicts_the_stored_
         node = cluster.nodes[0]
         # Given a turn whose answer is recorded (DONE, by another node), with a caller here
         work, caller = await _reserved_elsewhere(cluster, "done elsewhere")
-        assert await cluster.backends.idempotency.mark_done("s1", "c:k", "other", DONE, 60.0)
+        assert await mark_done(cluster.backends, "s1", "c:k", "other", DONE, 60.0)
         # And this node's lookups of the store fail for a moment
         find = node.backends.idempotency.find
         failures = [BackendUnavailableError("connection reset")] * 2
@@ -166,6 +167,6 @@ async def test_a_copy_of_a_turn_running_elsewhere_leaves_its_callers_to_that_tur
         await node._outcomes.fail(work, FailureCode.EVICTED, "session released")
         # Then the caller is not answered for it: the turn's own holder answers, later
         assert not caller.done()
-        assert await cluster.backends.idempotency.mark_done("s1", "c:k", "other", DONE, 60.0)
+        assert await mark_done(cluster.backends, "s1", "c:k", "other", DONE, 60.0)
         await node._outcomes.announce("s1", "c:k", DONE)
         assert (await caller).text == "the real answer"

@@ -10,21 +10,15 @@ from redis.asyncio import Redis
 
 from ...wire import (
     Outcome,
-    pack,
     unpack,
 )
 from ..base import (
     REJECTED,
     AttemptRecord,
-    DeadLetter,
-    FencedOut,
     Reservation,
     ReservationRef,
     ReservationState,
-    StagedCommit,
     Takeover,
-    check_letter,
-    pack_letter,
 )
 from ._keys import Keys, parse_reservation_member, reservation_member
 from ._role import _SCAN_BATCH, _SCAN_ROUNDS, _keep_index, _ms, _num, _Role, _text
@@ -77,7 +71,7 @@ class RedisIdempotencyStore(_Role):
     The holder index (`Keys.holder_reservations`, same members) lists the instances a holder
     may hold IN_FLIGHT, for `expire_holder`. Its writes ride in the pipeline of the stale-index
     command each operation already sends after its script, so no round trip is added: creation
-    and `acquire_holder` add, `release_holder`, `mark_done`, `compare_and_reset` and
+    and `acquire_holder` add, `release_holder`, `HotPath.finish`, `compare_and_reset` and
     `discard_reservation` remove. It is a superset kept honest by `expire_holder`, which checks
     each member against its hash and drops dead ones. It expires twice the staleness TTL after
     the holder's last reservation, take-over or touch (same pipelines): by then every instance
@@ -310,79 +304,6 @@ class RedisIdempotencyStore(_Role):
         member = reservation_member(session_id, key, _text(reply[1]))
         await self._client.srem(self._keys.holder_reservations(holder), member)
         return True
-
-    async def mark_done(
-        self,
-        session_id: str,
-        key: str,
-        holder: str,
-        outcome: Outcome,
-        primary_ttl: float,
-        commit: StagedCommit | None = None,
-        attempt: int | None = None,
-        dead_letter: DeadLetter | None = None,
-    ) -> bool:
-        """Store the outcome (DONE when final, else FAILED), with `commit`'s entries appended to
-        the transcript in the same script, if IN_FLIGHT for its turn and held by `holder` or
-        nobody (by `holder` at `attempt` when given; a rerun finding its own outcome succeeds
-        without writing).
-
-        One round trip: the index removals ride in the script's pipeline; when the script
-        refuses (the instance is someone else's or already finished) the stale-index entry is
-        put back as due, for the scan to verify.
-        """
-        state = ReservationState.DONE if outcome.final else ReservationState.FAILED
-        member = reservation_member(session_id, key, outcome.turn_id)
-        staged: list[str | bytes] = [""]
-        if commit is not None:
-            entries = commit.committed(outcome.turn_id)
-            staged = [str(commit.token), *(pack(e.model_dump(mode="python")) for e in entries)]
-        keys = self._keys
-        letter: list[str | bytes] = ["", ""]
-        calls = [
-            Call(None, ["ZREM", self._keys.stale_index, member]),
-            Call(None, ["SREM", self._keys.holder_reservations(holder), member]),
-        ]
-        if dead_letter is not None:
-            check_letter(dead_letter)
-            letter = [dead_letter.letter_id, pack_letter(dead_letter)]
-            # (an index member at 0 is settled by the next listing: see RedisDeadLetterStore)
-            calls.append(Call(None, ["ZADD", keys.dead_index, "NX", "0", dead_letter.letter_id]))
-        reply, *_ = await run_batch(
-            self._client,
-            [
-                Call(
-                    self._scripts.idem_mark_done,
-                    [
-                        keys.reservation(session_id, key),
-                        keys.record(session_id),
-                        keys.transcript(session_id),
-                        keys.dead_letters(session_id),
-                    ],
-                    [
-                        holder,
-                        outcome.turn_id,
-                        state.value,
-                        outcome.encode(),
-                        _num(primary_ttl),
-                        "" if attempt is None else attempt,
-                        *letter,
-                        *staged,
-                    ],
-                ),
-                *calls,
-            ],
-        )
-        result = int(reply[0])
-        if result == 1:
-            return True
-        await self._client.zadd(self._keys.stale_index, {member: 0})
-        if result == 2:
-            fence = _text(reply[1])
-            if not fence:
-                raise FencedOut(f"session {session_id} has no record")
-            raise FencedOut(f"token {commit and commit.token} is older than fence {fence}")
-        return False
 
     async def compare_and_reset(
         self,
