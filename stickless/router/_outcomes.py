@@ -80,9 +80,10 @@ class TurnOutcomes(RouterPart):
         frame: Event | None = None,
         bury: str | None = None,
     ) -> Outcome | None:
-        """Record the outcome (with the turn's transcript entries, in the same atomic step),
-        then answer local callers and the rail; returns the outcome announced, or None when the
-        turn's answer was decided elsewhere.
+        """Record the outcome (with the turn's transcript entries, the acknowledgement of its
+        message and, unless `frame` must go first, its TURN_RESULT, in one atomic store call),
+        then answer local callers; returns the outcome announced, or None when the turn's
+        answer was decided elsewhere.
 
         A success or a final answer is never announced before it is recorded, so it is never
         contradicted later: when the store already holds another outcome for this turn (a
