@@ -4,6 +4,7 @@ the turn's own reservation, in one store call."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from stickless import TranscriptEntry
 from stickless.backends.base import Backends, StagedCommit
@@ -29,4 +30,10 @@ async def commit_turn(
     assert await idem.put_if_absent(session_id, key, turn_id, "h", COMMITTER, 60.0, 3600.0) is None
     done = Outcome(turn_id=turn_id, ok=True, executed_by=COMMITTER)
     commit = StagedCommit(token, tuple(entries))
-    assert await idem.mark_done(session_id, key, COMMITTER, done, 3600.0, commit)
+    assert await mark_done(backends, session_id, key, COMMITTER, done, 3600.0, commit)
+
+
+async def mark_done(backends: Backends, *args: Any, **kwargs: Any) -> bool:
+    """Record a turn's outcome with the holder's fused finish (`HotPath.finish`, same
+    arguments), acknowledging and announcing nothing: True when it was recorded."""
+    return (await backends.hotpath.finish(*args, **kwargs)).recorded

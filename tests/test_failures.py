@@ -378,20 +378,20 @@ async def test_one_renewal_call_per_tick_however_many_sessions(journal: Journal)
         await busy.result
 
 
-async def test_outcome_is_recorded_later_when_mark_done_fails(journal: Journal) -> None:
+async def test_outcome_is_recorded_later_when_finishing_fails(journal: Journal) -> None:
     async with make_cluster(journal, **QUICK) as cluster:
         a, b, _ = cluster.nodes
         # Given the store refuses the first two attempts to record an outcome (a blip)
-        store = a.backends.idempotency
-        mark_done = store.mark_done
+        store = a.backends.hotpath
+        finish = store.finish
         failures = [RuntimeError("blip"), RuntimeError("blip")]
 
         async def flaky(*args, **kwargs):  # type: ignore[no-untyped-def]
             if failures:
                 raise failures.pop()
-            return await mark_done(*args, **kwargs)
+            return await finish(*args, **kwargs)
 
-        store.mark_done = flaky  # type: ignore[method-assign]
+        store.finish = flaky  # type: ignore[method-assign]
         # When a keyed turn succeeds and its caller is answered
         first = await (await a.submit(req("s1", "once", idempotency_key="k"))).result
 

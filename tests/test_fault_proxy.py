@@ -135,7 +135,7 @@ def test_resp_commands_pipelined_and_inline() -> None:
 
 def test_every_stickless_script_is_known_by_sha() -> None:
     names = set(stickless_scripts().values())
-    assert {"inbox_deliver", "lease_acquire", "idem_mark_done"} <= names
+    assert {"inbox_deliver", "lease_acquire", "turn_finish"} <= names
     assert "_prelude" not in names
     with FaultProxy("127.0.0.1", 1) as proxy, pytest.raises(ValueError, match="unknown"):
         proxy.cut_after(script="no_such_script")

@@ -78,7 +78,7 @@ EVERY_OPERATION: dict[str, Operation] = {
     "leases.current": lambda b: b.leases.current("s1"),
     "records.load": lambda b: b.records.load("s1"),
     "records.provision": lambda b: b.records.provision("s1", "agent-a", 1),
-    "idempotency.mark_done with a commit": lambda b: b.idempotency.mark_done(
+    "hotpath.finish with a commit": lambda b: b.hotpath.finish(
         "s1",
         "k1",
         "node-a",
@@ -102,7 +102,7 @@ EVERY_OPERATION: dict[str, Operation] = {
     ),
     "idempotency.acquire_holder": lambda b: b.idempotency.acquire_holder("s1", "k", "t", "n", 1.0),
     "idempotency.release_holder": lambda b: b.idempotency.release_holder("s1", "k", "n", 1.0),
-    "idempotency.mark_done": lambda b: b.idempotency.mark_done("s1", "k", "n", _OK, 1.0),
+    "hotpath.finish": lambda b: b.hotpath.finish("s1", "k", "n", _OK, 1.0, pending=(1, "m")),
     "idempotency.compare_and_reset": lambda b: b.idempotency.compare_and_reset(
         "s1", "k", None, _OK
     ),

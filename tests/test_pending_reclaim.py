@@ -5,6 +5,7 @@ result."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -49,14 +50,22 @@ async def test_a_turn_recorded_but_never_acknowledged_by_a_dead_holder_never_run
     async with cluster_over(**QUICK) as cluster:
         holder, b, _ = cluster.nodes
         await (await holder.submit(req("s1", "first"))).result
-        # Given a holder whose acknowledgements never reach the store
+        # Given a holder whose acknowledgements never reach the store (its finishes record
+        # without acknowledging: the state a message answered by another call is left in)
         acks: list[object] = []
+        finish = holder.backends.hotpath.finish
 
         async def lost_ack(*args: object, **kwargs: object) -> None:
             acks.append(args)
             raise BackendUnavailableError("connection reset")
 
+        async def unacknowledged(*args: Any, pending: object = None, **kwargs: Any) -> Any:
+            if pending is not None:
+                acks.append(pending)
+            return await finish(*args, **kwargs)
+
         monkeypatch.setattr(holder.backends.inbox, "ack", lost_ack)
+        monkeypatch.setattr(holder.backends.hotpath, "finish", unacknowledged)
         # When it runs a forwarded message, records its answer, and dies before acknowledging
         done = await b.submit(req("s1", "once", idempotency_key="k"))
         assert (await done.result).text == "echo:once"

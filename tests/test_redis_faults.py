@@ -96,7 +96,7 @@ async def test_a_commit_retried_after_a_lost_reply_appends_once(
 ) -> None:
     holder = await start(fault_proxy.url())
     # Given the holder's connection is cut right after the server ran its commit
-    cut = fault_proxy.cut_after(script="idem_mark_done")
+    cut = fault_proxy.cut_after(script="turn_finish")
     disposition = await holder.submit(req("s1", "once", idempotency_key="k"))
     # Then the turn's entries are in the transcript once and its caller got success
     assert (await disposition.result).text == "echo:once"
@@ -122,7 +122,7 @@ async def test_holder_lost_means_nothing_committed_even_when_the_commit_was_held
     assert lost.value.code is FailureCode.HOLDER_LOST
     # And the held-back commit then reaches the server
     stall.release()
-    await wait_until(lambda: fault_proxy.script_runs().get("idem_mark_done", 0) >= 1)
+    await wait_until(lambda: fault_proxy.script_runs().get("turn_finish", 0) >= 1)
     await asyncio.sleep(0)
     # Then nothing of the lost turn was committed, and a retry of its key runs it once
     warm = ["warm up", "echo:warm up"]

@@ -18,6 +18,7 @@ from stickless.backends.redis._scripts import Call
 from stickless.wire import Outcome
 from tests.liveness import kill, live
 
+from .commits import mark_done
 from .redis_stores import DAY, LONG, envelope
 
 
@@ -41,7 +42,7 @@ async def test_stale_index_drops_dead_entries_and_rescores_live_ones(
     # entries pretending to be overdue, plus a malformed member
     for key in ("done", "gone", "live"):
         assert await idem.put_if_absent("s1", key, f"t-{key}", "h", "node-a", LONG, DAY) is None
-    assert await idem.mark_done("s1", "done", "node-a", Outcome(turn_id="t-done", ok=True), DAY)
+    assert await mark_done(bundle, "s1", "done", "node-a", Outcome(turn_id="t-done", ok=True), DAY)
     await client.delete(bundle.keys.reservation("s1", "gone"))
     members = {reservation_member("s1", key, f"t-{key}"): 0.0 for key in ("done", "gone", "live")}
     await client.zadd(index, {**members, "garbage": 0.0})
@@ -104,7 +105,7 @@ async def test_finished_reservations_leave_the_stale_index(bundle: RedisBackends
     # Given reservations finished in every way
     for key in ("done", "reset", "discarded"):
         assert await idem.put_if_absent("s1", key, f"t-{key}", "h", "node-a", LONG, DAY) is None
-    await idem.mark_done("s1", "done", "node-a", Outcome(turn_id="t-done", ok=True), DAY)
+    await mark_done(bundle, "s1", "done", "node-a", Outcome(turn_id="t-done", ok=True), DAY)
     failed = Outcome(turn_id="t-reset", ok=False, code="HOLDER_LOST")
     await idem.compare_and_reset("s1", "reset", "node-a", failed)
     await idem.discard_reservation("s1", "discarded", "t-discarded")
@@ -196,7 +197,7 @@ async def test_holder_reservation_index_heals(bundle: RedisBackends) -> None:
     # Given reservations finished or given up in every way (their members leave at once), one
     # whose hash vanished, a member of an older turn, a malformed member, and the live one's
     # stale-index entry lost (a crash between script and index write)
-    await idem.mark_done("s1", "done", "node-a", Outcome(turn_id="t-done", ok=True), DAY)
+    await mark_done(bundle, "s1", "done", "node-a", Outcome(turn_id="t-done", ok=True), DAY)
     failed = Outcome(turn_id="t-reset", ok=False, code="HOLDER_LOST")
     await idem.compare_and_reset("s1", "reset", "node-a", failed)
     await idem.discard_reservation("s1", "discarded", "t-discarded")

@@ -189,15 +189,15 @@ async def test_a_delivery_whose_reply_was_lost_is_queued_once_and_runs_once(
 
 async def test_a_success_the_store_did_not_record_never_runs_twice(redis_url: str) -> None:
     async with two_redis_routers(redis_url) as (journal, bundles, (a, b)):
-        idempotency = bundles[0].idempotency  # A's, the holder's
-        real_mark_done = idempotency.mark_done
+        hotpath = bundles[0].hotpath  # A's, the holder's
+        real_finish = hotpath.finish
 
-        async def mark_done_fails(*args: Any, **kwargs: Any) -> Any:
-            idempotency.mark_done = real_mark_done  # once
+        async def finish_fails(*args: Any, **kwargs: Any) -> Any:
+            hotpath.finish = real_finish  # once
             raise connection_lost()
 
         # Given a keyed turn commits on A but recording its outcome fails
-        idempotency.mark_done = mark_done_fails
+        hotpath.finish = finish_fails
         first = await (await a.submit(repro_request("pay", idempotency_key="k"))).result
         # When the reservation has settled (the holder-loss sweep finds it unowned and stale)
         backends = bundles[1]

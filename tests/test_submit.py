@@ -236,6 +236,13 @@ async def test_forward_resolves_from_the_store_when_turn_result_is_missed(
                 await original(signal)
 
         signals.publish = drop_turn_results  # type: ignore[method-assign]
+        hotpath = a.backends.hotpath  # (a finish publishes its TURN_RESULT itself)
+        finish = hotpath.finish
+
+        async def finish_unannounced(*args, **kwargs):  # type: ignore[no-untyped-def]
+            return await finish(*args, **{**kwargs, "announce": None})
+
+        hotpath.finish = finish_unannounced  # type: ignore[method-assign]
         # When B forwards a turn to A
         disp = await b.submit(req("s1", "polled"))
         # Then B still gets the result, from its poll of the idempotency store

@@ -57,10 +57,12 @@ class ControlChannel(RouterPart):
 
     # ------------------------------------------------------------ publishing
 
+    def signal(self, kind: SignalKind, session_id: str, payload: dict[str, Any]) -> Signal:
+        """A signal of this node (published here, or by the store inside a fused call)."""
+        return Signal(kind=kind.value, session_id=session_id, origin=self._node_id, payload=payload)
+
     async def publish(self, kind: SignalKind, session_id: str, payload: dict[str, Any]) -> None:
-        await self._backends.signals.publish(
-            Signal(kind=kind.value, session_id=session_id, origin=self._node_id, payload=payload)
-        )
+        await self._backends.signals.publish(self.signal(kind, session_id, payload))
 
     async def publish_quiet(
         self, kind: SignalKind, session_id: str, payload: dict[str, Any]

@@ -7,7 +7,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .._errors import BackendUnavailableError, FailureCode
 from .._events import LATE_TERMINAL_SEQ, Event, Interrupted
@@ -16,6 +16,7 @@ from ..backends.base import (
     AttemptRecord,
     DeadLetter,
     FencedOut,
+    Finished,
     InboundMessage,
     Reservation,
     StagedCommit,
@@ -23,7 +24,7 @@ from ..backends.base import (
     letter_for_envelope,
     letter_for_unreadable,
 )
-from ..wire import Outcome, SignalKind, TurnResultPayload
+from ..wire import Outcome, Signal, SignalKind, TurnResultPayload
 from ._background import io, log, quiet
 from ._context import NodeContext, RouterPart
 from ._control import ControlChannel
@@ -38,6 +39,11 @@ _RETRY_CAP = 1.0
 #: followed): enough to ride out a store restart or a dropped connection; at most a quarter of
 #: `forward_ttl`, so a withdraw comes well before the message could be declared stale.
 _DELIVER_PATIENCE = 4.0
+
+
+def _result(key: str, outcome: Outcome) -> dict[str, Any]:
+    """The payload of a turn's TURN_RESULT."""
+    return TurnResultPayload(key=key, outcome=outcome).model_dump(mode="python")
 
 
 class TurnOutcomes(RouterPart):
@@ -59,11 +65,11 @@ class TurnOutcomes(RouterPart):
     async def announce(self, session_id: str, key: str, outcome: Outcome) -> None:
         """Answer the turn's callers here, then on every other node (TURN_RESULT)."""
         self._callers.resolve(outcome)
-        await self._control.publish_quiet(
-            SignalKind.TURN_RESULT,
-            session_id,
-            TurnResultPayload(key=key, outcome=outcome).model_dump(mode="python"),
-        )
+        await self._control.publish_quiet(SignalKind.TURN_RESULT, session_id, _result(key, outcome))
+
+    def _turn_result(self, session_id: str, key: str, outcome: Outcome) -> Signal:
+        """The TURN_RESULT `announce` sends, for the store to publish inside a fused call."""
+        return self._control.signal(SignalKind.TURN_RESULT, session_id, _result(key, outcome))
 
     async def complete(
         self,
@@ -74,9 +80,10 @@ class TurnOutcomes(RouterPart):
         frame: Event | None = None,
         bury: str | None = None,
     ) -> Outcome | None:
-        """Record the outcome (with the turn's transcript entries, in the same atomic step),
-        then answer local callers and the rail; returns the outcome announced, or None when the
-        turn's answer was decided elsewhere.
+        """Record the outcome (with the turn's transcript entries, the acknowledgement of its
+        message and, unless `frame` must go first, its TURN_RESULT, in one atomic store call),
+        then answer local callers; returns the outcome announced, or None when the turn's
+        answer was decided elsewhere.
 
         A success or a final answer is never announced before it is recorded, so it is never
         contradicted later: when the store already holds another outcome for this turn (a
@@ -100,43 +107,38 @@ class TurnOutcomes(RouterPart):
         """
         free = commit is None and not outcome.final
         letter = None if bury is None else await self._letter(work, outcome, bury)
-        recorded = await self._record(work, outcome, commit, patient=not free, letter=letter)
-        if recorded and letter is not None:
-            self._metrics.emit("on_dead_lettered", work.session_id, work.turn_id, bury)
-        if recorded is None:
+        # The store publishes the TURN_RESULT in the very step that records it (one call for
+        # the whole finish), unless a frame must go out first: a turn that never ran through a
+        # relay gets its frame logged and sent ahead of its answer.
+        result = self._turn_result(work.session_id, work.key, outcome) if frame is None else None
+        finished = await self._record(work, outcome, commit, not free, letter, result)
+        if finished is None:
             self._bg.spawn(self._record_later(work, outcome, commit, letter), "mark-done-retry")
             if not free:
                 self._tell_unknown(work.turn_id)
                 return None
+            result = None  # whether the store published it is unknown: it is sent from here
         else:
-            if recorded:
-                await self.ack(work.session_id, work.pending)
-        if recorded is not False:
+            if finished.recorded and letter is not None:
+                self._metrics.emit("on_dead_lettered", work.session_id, work.turn_id, bury)
+        if finished is None or finished.recorded:
             if before_announce is not None:
                 before_announce(outcome)
             if frame is not None:
                 await self._control.deliver_frames(work.session_id, [frame])
-            await self.announce(work.session_id, work.key, outcome)
+            if result is None:
+                await self.announce(work.session_id, work.key, outcome)
+            else:  # the rail had it from the store
+                self._callers.resolve(outcome)
             return outcome
-        # Refused: what the store holds is the answer, so a lookup that fails is not "not
-        # recorded" (that would contradict it): callers here then learn the answer is unknown.
-        looked_up = await self._patiently(
-            lambda: self._backends.idempotency.find(work.session_id, work.key)
-        )
-        found = None if looked_up is None else looked_up[0]
-        # The message leaves the pending set unless its turn goes on: run by another attempt,
-        # or given back to run again from this very copy.
-        if looked_up is not None and not (
-            found is not None and found.turn_id == work.turn_id and found.outcome is None
-        ):
-            await self.ack(work.session_id, work.pending)
+        # Refused (the store acknowledged the message unless its turn goes on): what the store
+        # holds is the answer.
+        found = finished.found
         if found is not None and found.turn_id == work.turn_id:
             if found.outcome is not None:
                 await self.announce(work.session_id, work.key, found.outcome)
             # else the turn started on another node: its holder (or the holder-loss sweep)
             # answers, and callers here keep following it
-        elif looked_up is None:
-            self._tell_unknown(work.turn_id)
         else:
             self._callers.resolve(
                 Outcome.failure(
@@ -158,15 +160,15 @@ class TurnOutcomes(RouterPart):
         work: TurnWork,
         outcome: Outcome,
         commit: StagedCommit | None,
-        *,
         patient: bool,
-        letter: DeadLetter | None = None,
-    ) -> bool | None:
-        """mark_done, retried while the store is out of reach (only tried once unless
-        `patient`): True recorded, False refused, None still unknown after `forward_ttl`."""
+        letter: DeadLetter | None,
+        result: Signal | None,
+    ) -> Finished | None:
+        """The fused finish, retried while the store is out of reach (only tried once unless
+        `patient`); None when still unknown after `forward_ttl`."""
         within = self._config.forward_ttl if patient else 0.0
         answered = await self._patiently(
-            lambda: self._mark_done(work, outcome, commit, letter), within
+            lambda: self._finish(work, outcome, commit, letter, result), within
         )
         return None if answered is None else answered[0]
 
@@ -203,17 +205,21 @@ class TurnOutcomes(RouterPart):
         """This node's callers of the turn learn its answer is unknown (they may retry)."""
         self._callers.resolve(Outcome.unknown(turn_id, self._config.forward_ttl))
 
-    async def _mark_done(
+    async def _finish(
         self,
         work: TurnWork,
         outcome: Outcome,
         commit: StagedCommit | None,
-        letter: DeadLetter | None = None,
-    ) -> bool:
+        letter: DeadLetter | None,
+        result: Signal | None = None,
+    ) -> Finished:
+        """Record the outcome, acknowledge the message's pending entry and publish `result`, in
+        one store call (see `HotPath.finish`)."""
         # A started attempt this node holds answers only while it is the reservation's: a stale
         # one is refused. Work between attempts (a retry waiting out its backoff) holds nothing:
         # it is answered like a turn that never started.
-        return await self._backends.idempotency.mark_done(
+        pending = None if work.pending is None else (work.pending.token, work.pending.message_id)
+        return await self._backends.hotpath.finish(
             work.session_id,
             work.key,
             self._node_id,
@@ -222,6 +228,8 @@ class TurnOutcomes(RouterPart):
             commit,
             (work.attempt or None) if work.owned else None,
             letter,
+            pending=pending,
+            announce=result,
         )
 
     async def _record_later(
@@ -232,20 +240,22 @@ class TurnOutcomes(RouterPart):
         letter: DeadLetter | None = None,
     ) -> None:
         """Keep recording an outcome whose callers were told it is unknown, until the store
-        answers; until then the reservation stays held by this live node, so it never looks
-        abandoned."""
+        answers (acknowledging its message in the same call, as `complete` does); until then
+        the reservation stays held by this live node, so it never looks abandoned."""
         delay = _RETRY_FIRST
+        fenced = False
         while True:
             try:
-                await self._mark_done(work, outcome, commit, letter)
+                await self._finish(work, outcome, commit, letter)
             except FencedOut:
-                break
+                fenced = True
             except Exception:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _RETRY_CAP)
                 continue
             break
-        await self.ack(work.session_id, work.pending)
+        if fenced:  # a fenced-out finish acknowledged nothing
+            await self.ack(work.session_id, work.pending)
 
     async def hand_on(self, work: TurnWork, code: FailureCode, why: str) -> str | Outcome | None:
         """Queue a message for whoever holds its session, sending it again (with the same

@@ -11,6 +11,7 @@ from stickless.backends.base import REJECTED, Backends, Reservation, Takeover
 from stickless.wire import Envelope, Outcome
 from tests.liveness import kill
 
+from ..commits import mark_done
 from .test_idempotency import DAY, LONG, SHORT, _find, _make_holderless, _reserve
 
 TOKEN = 7
@@ -171,22 +172,21 @@ async def test_a_stale_attempt_cannot_answer_once_another_took_over(
     await kill(backends, "node-a")
     assert (await idem.acquire_holder("s1", "k1", "t1", "node-b", LONG, steal_below=3)).won
     # When the lost attempt 1 answers late, and a node answers for a wrong attempt
-    late = await idem.mark_done("s1", "k1", "node-a", _ok(by="node-a"), DAY, attempt=1)
-    wrong = await idem.mark_done("s1", "k1", "node-b", _ok(by="node-b"), DAY, attempt=1)
+    late = await mark_done(backends, "s1", "k1", "node-a", _ok(by="node-a"), DAY, attempt=1)
+    wrong = await mark_done(backends, "s1", "k1", "node-b", _ok(by="node-b"), DAY, attempt=1)
     # Then both are refused, and attempt 2's answer is recorded
     assert (late, wrong) == (False, False)
-    assert await idem.mark_done("s1", "k1", "node-b", _ok(by="node-b"), DAY, attempt=2)
+    assert await mark_done(backends, "s1", "k1", "node-b", _ok(by="node-b"), DAY, attempt=2)
     found = await _find(backends)
     assert found.outcome is not None and found.outcome.executed_by == "node-b"
 
 
 async def test_an_attempt_answers_only_while_held(backends: Backends) -> None:
-    idem = backends.idempotency
     # Given a reservation made holderless (forwarded): an answer for a started attempt is
     # refused (no attempt runs holderless), an answer for a turn that never started is not
     await _make_holderless(backends)
-    assert not await idem.mark_done("s1", "k1", "node-a", _ok(), DAY, attempt=1)
-    assert await idem.mark_done("s1", "k1", "node-a", _ok(), DAY)
+    assert not await mark_done(backends, "s1", "k1", "node-a", _ok(), DAY, attempt=1)
+    assert await mark_done(backends, "s1", "k1", "node-a", _ok(), DAY)
 
 
 async def test_an_answered_turn_is_never_taken_over_again(
@@ -196,7 +196,7 @@ async def test_an_answered_turn_is_never_taken_over_again(
     # Given a turn with a durable copy whose answer is recorded, the copy never acknowledged
     await _reserve(backends, secondary_ttl=SHORT)
     assert await idem.hold("s1", "k1", "t1", "node-a", TOKEN, _envelope()) is not None
-    assert await idem.mark_done("s1", "k1", "node-a", _ok(), DAY, attempt=1)
+    assert await mark_done(backends, "s1", "k1", "node-a", _ok(), DAY, attempt=1)
     # Then a successor collecting the copy, however late, cannot run it again
     taken = await idem.acquire_holder("s1", "k1", "t1", "node-b", LONG, steal_below=3)
     assert taken == REJECTED

@@ -15,6 +15,8 @@ from stickless.backends.base import (
 from stickless.wire import Outcome
 from tests.liveness import kill, live
 
+from ..commits import mark_done
+
 SHORT = 0.2
 LONG = 60.0
 DAY = 86400.0
@@ -106,7 +108,7 @@ async def test_put_if_absent_returns_existing_in_flight(backends: Backends) -> N
 async def test_put_if_absent_returns_done_with_outcome(backends: Backends) -> None:
     # Given a DONE reservation
     await _reserve(backends)
-    assert await backends.idempotency.mark_done("s1", "k1", "node-a", _ok(), DAY)
+    assert await mark_done(backends, "s1", "k1", "node-a", _ok(), DAY)
     # When the key is reserved again
     existing = await backends.idempotency.put_if_absent(
         "s1", "k1", "t2", "hash-t2", "node-b", LONG, DAY
@@ -136,7 +138,7 @@ async def test_a_rerun_of_a_reserve_whose_turn_was_declared_lost_does_not_revive
 async def test_failed_reservation_counts_as_absent(backends: Backends) -> None:
     # Given a reservation whose turn failed
     await _reserve(backends)
-    assert await backends.idempotency.mark_done("s1", "k1", "node-a", _failed(), DAY)
+    assert await mark_done(backends, "s1", "k1", "node-a", _failed(), DAY)
     failed = await _find(backends)
     assert (failed.state, failed.outcome) == (ReservationState.FAILED, _failed())
     # When the key is reserved again for a retry
@@ -157,7 +159,7 @@ async def test_failed_reservation_counts_as_absent(backends: Backends) -> None:
 async def test_done_past_primary_ttl_counts_as_absent(backends: Backends, wait_until: Any) -> None:
     # Given a DONE reservation kept for a short primary TTL, which then passes
     await _reserve(backends)
-    assert await backends.idempotency.mark_done("s1", "k1", "node-a", _ok(), SHORT)
+    assert await mark_done(backends, "s1", "k1", "node-a", _ok(), SHORT)
 
     async def gone() -> bool:
         return await backends.idempotency.find("s1", "k1") is None
@@ -282,7 +284,7 @@ async def test_find_stale_in_flight_respects_limit_and_skips_finished(backends: 
     # Given three stale IN_FLIGHT reservations (their holder dead) and one that finished
     for key in ("a", "b", "c", "done"):
         await _reserve(backends, key, holder="node-c")
-    assert await backends.idempotency.mark_done("s1", "done", "node-c", _ok(), DAY)
+    assert await mark_done(backends, "s1", "done", "node-c", _ok(), DAY)
     await kill(backends, "node-c")
     await backends.idempotency.expire_holder("node-c")
     # When the sweep asks for two, then for all
@@ -302,9 +304,9 @@ async def test_acquire_holder_wins_only_holderless_in_flight(backends: Backends)
     await _make_holderless(backends, "holderless")
     await _reserve(backends, "held")
     await _reserve(backends, "done")
-    assert await backends.idempotency.mark_done("s1", "done", "node-a", _ok(), DAY)
+    assert await mark_done(backends, "s1", "done", "node-a", _ok(), DAY)
     await _reserve(backends, "failed")
-    assert await backends.idempotency.mark_done("s1", "failed", "node-a", _failed(), DAY)
+    assert await mark_done(backends, "s1", "failed", "node-a", _failed(), DAY)
     # When node-b (and node-a, for the one it holds) try to take each over
     results = {
         key: await backends.idempotency.acquire_holder("s1", key, "t1", "node-b", LONG)
@@ -343,7 +345,7 @@ async def test_release_holder_only_by_the_holder_of_in_flight(backends: Backends
     # Given a reservation held by node-a and a DONE one
     await _reserve(backends)
     await _reserve(backends, "done")
-    assert await backends.idempotency.mark_done("s1", "done", "node-a", _ok(), DAY)
+    assert await mark_done(backends, "s1", "done", "node-a", _ok(), DAY)
     # When node-b, then node-a release the first, and node-a releases the DONE one
     by_other = await backends.idempotency.release_holder("s1", "k1", "node-b", LONG)
     by_holder = await backends.idempotency.release_holder("s1", "k1", "node-a", LONG)
@@ -362,12 +364,12 @@ async def test_mark_done_by_holder_records_outcome(backends: Backends) -> None:
     # Given a reservation held by node-a
     await _reserve(backends)
     # When node-a marks it done
-    marked = await backends.idempotency.mark_done("s1", "k1", "node-a", _ok(), DAY)
+    marked = await mark_done(backends, "s1", "k1", "node-a", _ok(), DAY)
     # Then it is DONE with the outcome, and cannot be marked again
     assert marked
     found = await _find(backends)
     assert (found.state, found.outcome, found.stale) == (ReservationState.DONE, _ok(), False)
-    assert not await backends.idempotency.mark_done("s1", "k1", "node-a", _failed(), DAY)
+    assert not await mark_done(backends, "s1", "k1", "node-a", _failed(), DAY)
     assert (await _find(backends)).outcome == _ok()
 
 
@@ -375,9 +377,9 @@ async def test_mark_done_refused_for_other_holder_or_turn(backends: Backends) ->
     # Given a reservation held by node-a for turn t1
     await _reserve(backends)
     # When node-b marks it, node-a marks it for another turn, and anyone marks a missing key
-    by_other = await backends.idempotency.mark_done("s1", "k1", "node-b", _ok(), DAY)
-    wrong_turn = await backends.idempotency.mark_done("s1", "k1", "node-a", _ok("t2"), DAY)
-    missing = await backends.idempotency.mark_done("s1", "nope", "node-a", _ok(), DAY)
+    by_other = await mark_done(backends, "s1", "k1", "node-b", _ok(), DAY)
+    wrong_turn = await mark_done(backends, "s1", "k1", "node-a", _ok("t2"), DAY)
+    missing = await mark_done(backends, "s1", "nope", "node-a", _ok(), DAY)
     # Then all are refused and the reservation is still IN_FLIGHT
     assert (by_other, wrong_turn, missing) == (False, False, False)
     assert (await _find(backends)).state is ReservationState.IN_FLIGHT
@@ -387,7 +389,7 @@ async def test_mark_done_accepted_on_holderless_reservation(backends: Backends) 
     # Given a holderless reservation (queued in the inbox)
     await _make_holderless(backends)
     # When some node records its outcome
-    marked = await backends.idempotency.mark_done("s1", "k1", "node-b", _failed(), DAY)
+    marked = await mark_done(backends, "s1", "k1", "node-b", _failed(), DAY)
     # Then it is accepted and the reservation is FAILED
     assert marked
     assert (await _find(backends)).state is ReservationState.FAILED
@@ -410,7 +412,7 @@ async def test_compare_and_reset_of_holderless_and_finished(backends: Backends) 
     # Given a holderless reservation and a DONE one
     await _make_holderless(backends)
     await _reserve(backends, "done")
-    assert await backends.idempotency.mark_done("s1", "done", "node-a", _ok(), DAY)
+    assert await mark_done(backends, "s1", "done", "node-a", _ok(), DAY)
     # When both are reset expecting no holder / their last holder
     holderless = await backends.idempotency.compare_and_reset("s1", "k1", None, _failed())
     finished = await backends.idempotency.compare_and_reset("s1", "done", "node-a", _failed())
@@ -450,7 +452,7 @@ async def test_discard_reservation_only_in_flight_for_that_turn(backends: Backen
     # Given an IN_FLIGHT reservation for t1 and a DONE one
     await _reserve(backends)
     await _reserve(backends, "done")
-    assert await backends.idempotency.mark_done("s1", "done", "node-a", _ok(), DAY)
+    assert await mark_done(backends, "s1", "done", "node-a", _ok(), DAY)
     # When it is discarded for another turn, the DONE one discarded, then the right turn
     wrong_turn = await backends.idempotency.discard_reservation("s1", "k1", "t2")
     finished = await backends.idempotency.discard_reservation("s1", "done", "t1")

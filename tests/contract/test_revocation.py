@@ -24,7 +24,7 @@ from stickless.backends.base import (
 from stickless.wire import Outcome
 from tests.liveness import acquire_lease, kill, live
 
-from ..commits import commit_turn
+from ..commits import commit_turn, mark_done
 
 SHORT = 0.2
 LONG = 60.0
@@ -220,7 +220,7 @@ async def test_expire_holder_leaves_other_reservations_untouched(backends: Backe
     await _reserve(backends, "k-other", ALIVE)
     await _reserve(backends, "k-done", DEAD)
     done = Outcome(turn_id="t-k-done", ok=True, executed_by=DEAD, text="ok")
-    assert await idem.mark_done("s1", "k-done", DEAD, done, DAY)
+    assert await mark_done(backends, "s1", "k-done", DEAD, done, DAY)
     await _reserve(backends, "k-failed", DEAD)
     assert await idem.compare_and_reset("s1", "k-failed", DEAD, _failed("t-k-failed"))
     before = {key: await _find(backends, key) for key in ("k-done", "k-failed")}

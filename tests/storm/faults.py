@@ -50,7 +50,7 @@ from .waves import WaveStorm
 #: inbox_take is the one whose lost reply used to lose the batch it took (LOST_COLLECT_BUG, fixed).
 CUT_SCRIPTS = (
     "inbox_deliver",
-    "idem_mark_done",
+    "turn_finish",
     "idem_put",
     "idem_acquire",
     "idem_reset",

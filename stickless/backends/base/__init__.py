@@ -32,6 +32,10 @@ from ._events import (
     parse_event_cursor,
     resume_cursor,
 )
+from ._hotpath import (
+    Finished,
+    HotPath,
+)
 from ._idempotency import (
     REJECTED,
     AttemptRecord,
@@ -82,7 +86,9 @@ __all__ = [
     "DeadLetterStore",
     "EventLog",
     "FencedOut",
+    "Finished",
     "HeldElsewhere",
+    "HotPath",
     "IdempotencyStore",
     "InboundMessage",
     "Inbox",
@@ -131,6 +137,8 @@ class Backends(Protocol):
     idempotency: IdempotencyStore
     events: EventLog
     dead_letters: DeadLetterStore
+    #: The fused calls of a turn's phases over the roles above (see `HotPath`).
+    hotpath: HotPath
 
     def clone(self) -> Backends:
         """A bundle over the same data with its own connections (for another thread's loop)."""

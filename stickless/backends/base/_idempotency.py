@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from ...wire import Outcome
-from ._records import StagedCommit
-
-if TYPE_CHECKING:  # a letter holds attempt records: the import goes one way at run time
-    from ._dead_letters import DeadLetter
 
 
 class ReservationState(enum.StrEnum):
@@ -176,35 +172,6 @@ class IdempotencyStore(Protocol):
         self, session_id: str, key: str, holder: str, forward_ttl: float
     ) -> bool:
         """Make a reservation held by `holder` holderless; stale only after `forward_ttl`."""
-        ...
-
-    async def mark_done(
-        self,
-        session_id: str,
-        key: str,
-        holder: str,
-        outcome: Outcome,
-        primary_ttl: float,
-        commit: StagedCommit | None = None,
-        attempt: int | None = None,
-        dead_letter: DeadLetter | None = None,
-    ) -> bool:
-        """Record the outcome (DONE when final, else FAILED) and append `commit`'s entries to
-        the session's transcript, as one atomic step, if the reservation is IN_FLIGHT for
-        `outcome.turn_id` and held by `holder` or by nobody; False otherwise (nothing written).
-        The outcome of an attempt (`attempt` given) is recorded only while `holder` holds the
-        reservation at that attempt: a stale attempt's answer is refused. `dead_letter` (the
-        message of a last attempt that failed) is kept in the same step, once per letter id.
-
-        So a turn's entries are committed if and only if its outcome is the reservation's: an
-        outcome decided elsewhere first (a holder-loss reset) refuses the commit. Running the
-        same call again (a retry after a lost reply) finds its own outcome and returns True
-        without writing anything twice.
-
-        Raises:
-            FencedOut: `commit.token` is older than the record's fence, or there is no record
-                (nothing written).
-        """
         ...
 
     async def compare_and_reset(

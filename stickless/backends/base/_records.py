@@ -21,7 +21,7 @@ class RecordView:
 @dataclass(frozen=True, slots=True)
 class StagedCommit:
     """A turn's transcript entries, to be committed under the lease `token` together with the
-    turn's outcome (see `IdempotencyStore.mark_done`)."""
+    turn's outcome (see `HotPath.finish`)."""
 
     token: int
     entries: tuple[TranscriptEntry, ...]
@@ -38,7 +38,7 @@ class StagedCommit:
 
 class RecordStore(Protocol):
     """Session records: agent binding, fence and committed transcript (entries are appended
-    only with a turn's outcome, by `IdempotencyStore.mark_done`)."""
+    only with a turn's outcome, by `HotPath.finish`)."""
 
     async def load(self, session_id: str) -> RecordView | None:
         """The record, or None when the session has none."""

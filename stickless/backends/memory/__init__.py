@@ -3,6 +3,7 @@
 from ._bundle import MemoryBackends
 from ._dead_letters import MemoryDeadLetterStore
 from ._eventlog import MemoryEventLog
+from ._hotpath import MemoryHotPath
 from ._idempotency import MemoryIdempotencyStore
 from ._inbox import MemoryInbox
 from ._liveness import MemoryLiveness
@@ -16,6 +17,7 @@ __all__ = [
     "MemoryBackends",
     "MemoryDeadLetterStore",
     "MemoryEventLog",
+    "MemoryHotPath",
     "MemoryIdempotencyStore",
     "MemoryInbox",
     "MemoryLeaseStore",

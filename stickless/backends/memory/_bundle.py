@@ -11,6 +11,7 @@ from ..base import (
     DEFAULT_EVENT_LOG_TTL,
     DeadLetterStore,
     EventLog,
+    HotPath,
     IdempotencyStore,
     Inbox,
     LeaseStore,
@@ -20,6 +21,7 @@ from ..base import (
 )
 from ._dead_letters import MemoryDeadLetterStore
 from ._eventlog import MemoryEventLog
+from ._hotpath import MemoryHotPath
 from ._idempotency import MemoryIdempotencyStore
 from ._inbox import MemoryInbox
 from ._liveness import MemoryLiveness
@@ -44,6 +46,7 @@ class MemoryBackends:
     idempotency: IdempotencyStore
     events: EventLog
     dead_letters: DeadLetterStore
+    hotpath: HotPath
 
     def __init__(
         self,
@@ -76,6 +79,7 @@ class MemoryBackends:
         self.idempotency = MemoryIdempotencyStore(link)
         self.events = MemoryEventLog(link)
         self.dead_letters = MemoryDeadLetterStore(link)
+        self.hotpath = MemoryHotPath(link)
 
     def link(self) -> MemoryBackends:
         """A new bundle over the same data with its own connection (one per simulated node)."""

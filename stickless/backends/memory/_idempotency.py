@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-from ...wire import Outcome, pack
+from ...wire import Outcome
 from ..base import (
     REJECTED,
     AttemptRecord,
-    DeadLetter,
-    FencedOut,
     Reservation,
     ReservationState,
-    StagedCommit,
     Takeover,
 )
-from ._dead_letters import keep_letter
 from ._shared import InboxRow, Link, ReservationRow, State, holder_alive, incarnation_of, live_until
 
 
@@ -274,56 +270,6 @@ class MemoryIdempotencyStore:
             row.incarnation = ""
             row.touched_at = now
             row.stale_at = now + forward_ttl
-            return True
-
-    async def mark_done(
-        self,
-        session_id: str,
-        key: str,
-        holder: str,
-        outcome: Outcome,
-        primary_ttl: float,
-        commit: StagedCommit | None = None,
-        attempt: int | None = None,
-        dead_letter: DeadLetter | None = None,
-    ) -> bool:
-        """Store the outcome (DONE when final, else FAILED), with `commit`'s entries appended to
-        the transcript under the same lock, if IN_FLIGHT for its turn and held by `holder` or
-        nobody (by `holder` at `attempt` when given; a rerun finding its own outcome succeeds
-        without writing)."""
-        data = outcome.encode()
-        packed = (
-            [pack(e.model_dump(mode="python")) for e in commit.committed(outcome.turn_id)]
-            if commit is not None
-            else []
-        )
-        with self._link.open() as state:
-            now = state.clock()
-            row = _live_reservation(state, session_id, key, now)
-            if row is not None and row.turn_id == outcome.turn_id and row.outcome == data:
-                return True  # the same call made again: already recorded
-            record = state.records.get(session_id)
-            if commit is not None:  # a fenced-out holder must learn it has lost the session
-                if record is None:
-                    raise FencedOut(f"session {session_id} has no record")
-                if commit.token < record.fence:
-                    raise FencedOut(f"token {commit.token} is older than fence {record.fence}")
-            if row is None or row.turn_id != outcome.turn_id:
-                return False
-            if row.state is not ReservationState.IN_FLIGHT:
-                return False
-            if not (_held_by(row, holder) or _held_by(row, None)):
-                return False
-            if attempt is not None and (row.holder is None or max(row.attempt, 1) != attempt):
-                return False
-            if record is not None:
-                record.entries.extend(packed)
-            row.state = ReservationState.DONE if outcome.final else ReservationState.FAILED
-            row.outcome = data
-            row.touched_at = now
-            row.expires_at = now + primary_ttl
-            if dead_letter is not None:
-                keep_letter(state, dead_letter, now)
             return True
 
     async def compare_and_reset(

@@ -88,12 +88,7 @@ class MemoryInbox:
     async def ack(self, session_id: str, token: int, message_ids: Sequence[str]) -> None:
         """Drop answered entries from the pending set."""
         with self._link.open() as state:
-            mine = state.pending.get(session_id, {}).get(token)
-            if mine is None:
-                return
-            for message_id in message_ids:
-                mine.pop(message_id, None)
-            _forget_empty_pending(state, session_id, token)
+            ack_locked(state, session_id, token, message_ids)
 
     async def is_empty(self, session_id: str) -> bool:
         """True when nothing is queued or pending for the session."""
@@ -143,6 +138,16 @@ class MemoryInbox:
                 idle = None if oldest is None else max(0.0, now - oldest)
                 stats[session_id] = PendingStats(queued, len(pending), idle)
             return stats
+
+
+def ack_locked(state: State, session_id: str, token: int, message_ids: Sequence[str]) -> None:
+    """Drop answered entries pending under lease `token` (caller holds the state lock)."""
+    mine = state.pending.get(session_id, {}).get(token)
+    if mine is None:
+        return
+    for message_id in message_ids:
+        mine.pop(message_id, None)
+    _forget_empty_pending(state, session_id, token)
 
 
 def _forget_empty_pending(state: State, session_id: str, token: int) -> None:

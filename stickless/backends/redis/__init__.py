@@ -10,6 +10,7 @@ if find_spec("redis") is None:
 from ._bundle import RedisBackends, Retention
 from ._dead_letters import RedisDeadLetterStore
 from ._eventlog import RedisEventLog
+from ._hotpath import RedisHotPath
 from ._idempotency import RedisIdempotencyStore
 from ._inbox import RedisInbox
 from ._keys import Keys
@@ -22,6 +23,7 @@ __all__ = [
     "RedisBackends",
     "RedisDeadLetterStore",
     "RedisEventLog",
+    "RedisHotPath",
     "RedisIdempotencyStore",
     "RedisInbox",
     "RedisLeaseStore",

@@ -16,6 +16,7 @@ from ..base import (
     DEFAULT_EVENT_LOG_TTL,
     DeadLetterStore,
     EventLog,
+    HotPath,
     IdempotencyStore,
     Inbox,
     LeaseStore,
@@ -25,6 +26,7 @@ from ..base import (
 )
 from ._dead_letters import RedisDeadLetterStore
 from ._eventlog import RedisEventLog
+from ._hotpath import RedisHotPath
 from ._idempotency import RedisIdempotencyStore
 from ._inbox import RedisInbox
 from ._keys import Keys
@@ -78,6 +80,7 @@ class RedisBackends:
     idempotency: IdempotencyStore
     events: EventLog
     dead_letters: DeadLetterStore
+    hotpath: HotPath
 
     def __init__(
         self, url: str, namespace: str, retention: Retention, client_options: dict[str, Any]
@@ -121,6 +124,7 @@ class RedisBackends:
             self.client, scripts, self.keys, retention.event_log_max_len, retention.event_log_ttl
         )
         self.dead_letters = RedisDeadLetterStore(self.client, scripts, self.keys)
+        self.hotpath = RedisHotPath(self.client, scripts, self.keys)
 
     @classmethod
     def from_url(

@@ -10,20 +10,14 @@ from redis.asyncio import Redis
 
 from ...wire import (
     Outcome,
-    pack,
     unpack,
 )
 from ..base import (
     REJECTED,
     AttemptRecord,
-    DeadLetter,
-    FencedOut,
     Reservation,
     ReservationState,
-    StagedCommit,
     Takeover,
-    check_letter,
-    pack_letter,
 )
 from ._keys import Keys, parse_reservation_member, reservation_member
 from ._role import _SCAN_BATCH, _SCAN_ROUNDS, _keep_index, _ms, _num, _Role, _text
@@ -85,10 +79,10 @@ class RedisIdempotencyStore(_Role):
     may hold IN_FLIGHT, for `expire_holder`, which the dead-holder sweep runs on a dead
     incarnation's holder. Its writes ride in the pipeline of the stale-index command each
     operation already sends after its script, so no round trip is added: creation and
-    `acquire_holder` add, `release_holder`, `mark_done`, `compare_and_reset` and
+    `acquire_holder` add, `release_holder`, `HotPath.finish`, `compare_and_reset` and
     `discard_reservation` remove. It is a superset kept honest by `expire_holder`, which checks
     each member against its hash and drops dead ones. The holder's liveness renewals keep it
-    alive; it expires `index ttl` after the last one.
+    alive; it expires `HOLDER_INDEX_TTL` after the last one.
 
     A message that may run again has a durable copy in the session's pending set (same slot),
     written by `hold` or `schedule_retry` under the inbox's pending TTL.
@@ -295,79 +289,6 @@ class RedisIdempotencyStore(_Role):
         member = reservation_member(session_id, key, _text(reply[1]))
         await self._client.srem(self._keys.holder_reservations(holder), member)
         return True
-
-    async def mark_done(
-        self,
-        session_id: str,
-        key: str,
-        holder: str,
-        outcome: Outcome,
-        primary_ttl: float,
-        commit: StagedCommit | None = None,
-        attempt: int | None = None,
-        dead_letter: DeadLetter | None = None,
-    ) -> bool:
-        """Store the outcome (DONE when final, else FAILED), with `commit`'s entries appended to
-        the transcript in the same script, if IN_FLIGHT for its turn and held by `holder` or
-        nobody (by `holder` at `attempt` when given; a rerun finding its own outcome succeeds
-        without writing).
-
-        One round trip: the index removals ride in the script's pipeline; when the script
-        refuses (the instance is someone else's or already finished) the stale-index entry is
-        put back as due, for the scan to verify.
-        """
-        state = ReservationState.DONE if outcome.final else ReservationState.FAILED
-        member = reservation_member(session_id, key, outcome.turn_id)
-        staged: list[str | bytes] = [""]
-        if commit is not None:
-            entries = commit.committed(outcome.turn_id)
-            staged = [str(commit.token), *(pack(e.model_dump(mode="python")) for e in entries)]
-        keys = self._keys
-        letter: list[str | bytes] = ["", ""]
-        calls = [
-            Call(None, ["ZREM", self._keys.stale_index, member]),
-            Call(None, ["SREM", self._keys.holder_reservations(holder), member]),
-        ]
-        if dead_letter is not None:
-            check_letter(dead_letter)
-            letter = [dead_letter.letter_id, pack_letter(dead_letter)]
-            # (an index member at 0 is settled by the next listing: see RedisDeadLetterStore)
-            calls.append(Call(None, ["ZADD", keys.dead_index, "NX", "0", dead_letter.letter_id]))
-        reply, *_ = await run_batch(
-            self._client,
-            [
-                Call(
-                    self._scripts.idem_mark_done,
-                    [
-                        keys.reservation(session_id, key),
-                        keys.record(session_id),
-                        keys.transcript(session_id),
-                        keys.dead_letters(session_id),
-                    ],
-                    [
-                        holder,
-                        outcome.turn_id,
-                        state.value,
-                        outcome.encode(),
-                        _num(primary_ttl),
-                        "" if attempt is None else attempt,
-                        *letter,
-                        *staged,
-                    ],
-                ),
-                *calls,
-            ],
-        )
-        result = int(reply[0])
-        if result == 1:
-            return True
-        await self._client.zadd(self._keys.stale_index, {member: 0})
-        if result == 2:
-            fence = _text(reply[1])
-            if not fence:
-                raise FencedOut(f"session {session_id} has no record")
-            raise FencedOut(f"token {commit and commit.token} is older than fence {fence}")
-        return False
 
     async def compare_and_reset(
         self,

@@ -75,7 +75,6 @@ class Scripts:
         self.idem_release = load("idem_release")
         self.idem_requeue = load("idem_requeue")
         self.idem_park = load("idem_park")
-        self.idem_mark_done = load("idem_mark_done")
         self.idem_reset = load("idem_reset")
         self.idem_discard = load("idem_discard")
         self.idem_find = load("idem_find")
@@ -84,6 +83,7 @@ class Scripts:
         self.events_read = load("events_read")
         self.events_delete = load("events_delete")
         self.dead_add = load("dead_add")
+        self.turn_finish = load("turn_finish")
 
 
 Arg = str | bytes | int | float

@@ -181,3 +181,16 @@ local function letter_stamp(packed, t)
   end
   return packed
 end
+
+-- Acknowledge message `id` of a session's pending set (`ids`: sorted set by lease token,
+-- `entries`: hash) if it is pending under lease `token` (a newer holder's is left alone);
+-- 1 when it was dropped.
+local function ack_pending(ids, entries, token, id)
+  local score = redis.call('ZSCORE', ids, id)
+  if score and tonumber(score) == tonumber(token) then
+    redis.call('ZREM', ids, id)
+    redis.call('HDEL', entries, id)
+    return 1
+  end
+  return 0
+end

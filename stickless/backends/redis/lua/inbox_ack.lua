@@ -4,11 +4,6 @@
 -- them over). Reply: how many were dropped.
 local dropped = 0
 for i = 2, #ARGV do
-  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
-  if score and tonumber(score) == tonumber(ARGV[1]) then
-    redis.call('ZREM', KEYS[1], ARGV[i])
-    redis.call('HDEL', KEYS[2], ARGV[i])
-    dropped = dropped + 1
-  end
+  dropped = dropped + ack_pending(KEYS[1], KEYS[2], ARGV[1], ARGV[i])
 end
 return dropped

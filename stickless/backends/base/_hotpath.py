@@ -1,0 +1,61 @@
+"""The hot path: the fused calls of a turn's phases, each one atomic store step (one script on
+the session's slot over Redis), beside the one-Protocol-per-role stores they write."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from ...wire import Outcome, Signal
+from ._dead_letters import DeadLetter
+from ._idempotency import Reservation
+from ._records import StagedCommit
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """What a finish did: the outcome `recorded` (by this call, or by an earlier run of the very
+    same call), or refused with the reservation the store holds (`found`, None when missing)."""
+
+    recorded: bool
+    found: Reservation | None = None
+
+
+class HotPath(Protocol):
+    """Fused operations of a turn: what its phases write in several roles, as one step."""
+
+    async def finish(
+        self,
+        session_id: str,
+        key: str,
+        holder: str,
+        outcome: Outcome,
+        primary_ttl: float,
+        commit: StagedCommit | None = None,
+        attempt: int | None = None,
+        dead_letter: DeadLetter | None = None,
+        *,
+        pending: tuple[int, str] | None = None,
+        announce: Signal | None = None,
+    ) -> Finished:
+        """End a turn in one atomic step: record the outcome (DONE when final, else FAILED)
+        and append `commit`'s entries to the session's transcript if the reservation is
+        IN_FLIGHT for `outcome.turn_id` and held by `holder` or by nobody (by `holder` at
+        `attempt` when given: a stale attempt's answer is refused), keep `dead_letter` (once
+        per letter id), acknowledge the message's pending entry (`pending`: lease token and
+        message id; dropped only while pending under that token) and publish `announce` (a
+        control-channel signal) on the control channel.
+
+        So a turn's entries are committed if and only if its outcome is the reservation's.
+        Refused (nothing written, nothing published): `pending` is acknowledged unless the
+        reservation is still this turn's and unanswered (the turn goes on: another attempt
+        runs it, or it was given back to run again from this very copy), and the reservation
+        found is returned. Running the same call again (a retry after a lost reply) finds its
+        own outcome: recorded, with nothing written twice and nothing published again (the
+        first run did).
+
+        Raises:
+            FencedOut: `commit.token` is older than the record's fence, or there is no record
+                (nothing written, acknowledged or published).
+        """
+        ...

@@ -1,0 +1,88 @@
+"""The in-memory hot path: each fused call of a turn under one hold of the shared lock."""
+
+from __future__ import annotations
+
+from ...wire import EVENT_CHANNEL_KINDS, Outcome, Signal, pack
+from ..base import DeadLetter, FencedOut, Finished, ReservationState, StagedCommit
+from ._dead_letters import keep_letter
+from ._idempotency import _held_by, _live_reservation, _view
+from ._inbox import ack_locked
+from ._shared import Link, ReservationRow, State
+from ._signals import _fan_out_locked
+
+
+class MemoryHotPath:
+    """`HotPath` in memory: what the Redis scripts do, as one step under the state lock."""
+
+    def __init__(self, link: Link) -> None:
+        self._link = link
+
+    async def finish(
+        self,
+        session_id: str,
+        key: str,
+        holder: str,
+        outcome: Outcome,
+        primary_ttl: float,
+        commit: StagedCommit | None = None,
+        attempt: int | None = None,
+        dead_letter: DeadLetter | None = None,
+        *,
+        pending: tuple[int, str] | None = None,
+        announce: Signal | None = None,
+    ) -> Finished:
+        """Record, acknowledge and announce under one lock hold (see `HotPath.finish`)."""
+        data = outcome.encode()
+        packed = (
+            [pack(e.model_dump(mode="python")) for e in commit.committed(outcome.turn_id)]
+            if commit is not None
+            else []
+        )
+        if announce is not None and announce.kind in EVENT_CHANNEL_KINDS:
+            raise ValueError(f"{announce.kind} signals do not go on the control channel")
+        message = None if announce is None else announce.encode()
+        with self._link.open() as state:
+            now = state.clock()
+            row = _live_reservation(state, session_id, key, now)
+            if row is not None and row.turn_id == outcome.turn_id and row.outcome == data:
+                _ack(state, session_id, pending)
+                return Finished(recorded=True)  # the same call made again: already recorded
+            record = state.records.get(session_id)
+            if commit is not None:  # a fenced-out holder must learn it has lost the session
+                if record is None:
+                    raise FencedOut(f"session {session_id} has no record")
+                if commit.token < record.fence:
+                    raise FencedOut(f"token {commit.token} is older than fence {record.fence}")
+            if row is None or not _answers(row, outcome.turn_id, holder, attempt):
+                # The message leaves the pending set unless its turn goes on: run by another
+                # attempt, or given back to run again from this very copy.
+                if not (row is not None and row.turn_id == outcome.turn_id and not row.outcome):
+                    _ack(state, session_id, pending)
+                found = None if row is None else _view(state, session_id, key, row, now)
+                return Finished(recorded=False, found=found)
+            if record is not None:
+                record.entries.extend(packed)
+            row.state = ReservationState.DONE if outcome.final else ReservationState.FAILED
+            row.outcome = data
+            row.touched_at = now
+            row.expires_at = now + primary_ttl
+            if dead_letter is not None:
+                keep_letter(state, dead_letter, now)
+            _ack(state, session_id, pending)
+            if message is not None:
+                _fan_out_locked(state, message, None)
+            return Finished(recorded=True)
+
+
+def _answers(row: ReservationRow, turn_id: str, holder: str, attempt: int | None) -> bool:
+    """True when `holder` may record the answer of `turn_id` (at `attempt`, when given): the
+    reservation is IN_FLIGHT for it, held by `holder` or by nobody."""
+    if row.turn_id != turn_id or not (_held_by(row, holder) or _held_by(row, None)):
+        return False
+    return attempt is None or (row.holder is not None and max(row.attempt, 1) == attempt)
+
+
+def _ack(state: State, session_id: str, pending: tuple[int, str] | None) -> None:
+    """Acknowledge the message's pending entry, if any (caller holds the state lock)."""
+    if pending is not None:
+        ack_locked(state, session_id, pending[0], [pending[1]])

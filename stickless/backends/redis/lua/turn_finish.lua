@@ -1,0 +1,65 @@
+-- The finish of a turn (HotPath.finish).
+-- KEYS: reservation hash, record hash, transcript list, the session's dead-letter hash, pending
+-- ids, pending entries.
+-- ARGV: holder, turn, state (DONE or FAILED), outcome, primary ttl, the attempt that answers
+-- ('' for a turn that never started), dead letter id ('' for none), packed letter, pending
+-- token ('' for none), pending message id, channel ('' for no announcement), message, commit
+-- token ('' for none), packed entries...
+-- Records the outcome, appends the turn's entries under the token, keeps the dead letter,
+-- acknowledges the message's pending entry and publishes the announcement, in one step: only
+-- if the reservation is IN_FLIGHT for that turn, held by holder or nobody, and the token is not
+-- older than the record's fence; an attempt's answer only while the holder holds that attempt.
+-- Safe to run twice: a run that finds its own outcome already recorded for the turn reports
+-- success, acknowledges again (a no-op) and publishes nothing (the first run did).
+-- Reply: {1} recorded, {0[, reservation reply]} refused (not this turn's in-flight
+-- reservation; the reply is absent when there is none), {2, fence} fenced out.
+local t = now()
+local r = load_reservation(KEYS[1], t)
+local function ack()
+  if ARGV[9] ~= '' then
+    ack_pending(KEYS[5], KEYS[6], ARGV[9], ARGV[10])
+  end
+end
+-- The same call run again (a retry after a lost reply) finds its own outcome: recorded.
+if r and r.turn == ARGV[2] and r.state ~= 'IN_FLIGHT' and r.outcome == ARGV[4] then
+  ack()
+  return {1}
+end
+-- A fenced-out commit is reported next: its holder has lost the session and must know (it
+-- acknowledges nothing: the turn is answered again, as lost, and acknowledged then).
+if ARGV[13] ~= '' then
+  local fence = redis.call('HGET', KEYS[2], 'fence')
+  if not fence or tonumber(ARGV[13]) < tonumber(fence) then
+    return {2, fence or ''}
+  end
+end
+if not r or r.turn ~= ARGV[2] or r.state ~= 'IN_FLIGHT' or (r.holder and r.holder ~= ARGV[1])
+    or (ARGV[6] ~= '' and (not r.holder or held_attempt(r) ~= tonumber(ARGV[6]))) then
+  -- The message leaves the pending set unless its turn goes on: run by another attempt, or
+  -- given back to run again from this very copy.
+  if not (r and r.turn == ARGV[2] and not r.outcome) then
+    ack()
+  end
+  if r then
+    return {0, reservation_reply(r, t)}
+  end
+  return {0}
+end
+if ARGV[13] ~= '' then
+  local batch = 1000
+  for first = 14, #ARGV, batch do
+    redis.call('RPUSH', KEYS[3], unpack(ARGV, first, math.min(first + batch - 1, #ARGV)))
+  end
+end
+local exp_at = t + tonumber(ARGV[5])
+redis.call('HSET', KEYS[1], 'state', ARGV[3], 'outcome', ARGV[4], 'touched', fmt(t),
+  'exp', fmt(exp_at))
+expire_at(KEYS[1], exp_at)
+if ARGV[7] ~= '' and redis.call('HEXISTS', KEYS[4], ARGV[7]) == 0 then
+  redis.call('HSET', KEYS[4], ARGV[7], letter_stamp(ARGV[8], t))
+end
+ack()
+if ARGV[11] ~= '' then
+  redis.call('PUBLISH', ARGV[11], ARGV[12])
+end
+return {1}
