@@ -61,6 +61,7 @@ from ._records import (
     RecordView,
     StagedCommit,
 )
+from ._relaying import RELAY_BATCH_WINDOW, EventRelayPath, check_batch_id
 from ._signals import (
     SignalBus,
     SignalHandler,
@@ -70,6 +71,7 @@ from ._signals import (
 __all__ = [
     "MAX_RAW_BYTES",
     "REJECTED",
+    "RELAY_BATCH_WINDOW",
     "AttemptRecord",
     "Takeover",
     "Backends",
@@ -79,6 +81,7 @@ __all__ = [
     "DeadLetter",
     "DeadLetterStore",
     "EventLog",
+    "EventRelayPath",
     "FencedOut",
     "HeldElsewhere",
     "IdempotencyStore",
@@ -97,6 +100,7 @@ __all__ = [
     "StagedCommit",
     "Subscription",
     "UnreadableEntry",
+    "check_batch_id",
     "check_letter",
     "cursor_ahead",
     "cursor_trimmed",
@@ -117,8 +121,8 @@ __all__ = [
 
 
 @runtime_checkable
-class Backends(Protocol):
-    """A bundle of every storage role a router needs."""
+class Backends(EventRelayPath, Protocol):
+    """A bundle of every storage role a router needs, and the fused calls that span roles."""
 
     leases: LeaseStore
     records: RecordStore
