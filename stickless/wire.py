@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import msgpack
@@ -316,23 +317,56 @@ def encode_event(event: Event) -> bytes:
     return pack(event.model_dump(mode="json", exclude={"event_id"}))
 
 
-def frames_to_payload(frames: list[Event], event_ids: list[str] | None) -> dict[str, Any]:
-    """Payload of one EVENT signal carrying a batch of frames (one publish per relay batch)."""
-    dumped = [frame.model_dump(mode="json") for frame in frames]
-    if event_ids is not None:
-        for raw, event_id in zip(dumped, event_ids, strict=True):
-            raw["event_id"] = event_id
-    return {"frames": dumped}
+def event_batch_parts(session_id: str, origin: str, count: int) -> tuple[bytes, bytes]:
+    """The bytes around a relay batch's frames in its EVENT signal: the head (the signal up to
+    an array of `count` frames) and the middle (up to an array of `count` event ids).
+
+    The signal of a batch is `head + encoded frames + middle + packed ids` (see
+    `pack_event_batch`): a map {kind, session_id, origin, payload: {frames, ids}}. Built by
+    concatenation so a store can publish the frames it logged, ids included, without decoding
+    or re-encoding one (the Redis relay script does exactly this).
+    """
+    packer = msgpack.Packer(use_bin_type=True)
+    head = b"".join(
+        (
+            packer.pack_map_header(4),
+            pack("kind"),
+            pack(SignalKind.EVENT.value),
+            pack("session_id"),
+            pack(session_id),
+            pack("origin"),
+            pack(origin),
+            pack("payload"),
+            packer.pack_map_header(2),
+            pack("frames"),
+            packer.pack_array_header(count),
+        )
+    )
+    return head, pack("ids") + packer.pack_array_header(count)
+
+
+def pack_event_batch(
+    session_id: str, origin: str, frames: Sequence[bytes], event_ids: Sequence[str]
+) -> bytes:
+    """The EVENT signal of one relay batch: encoded frames (`encode_event`) and their ids."""
+    head, middle = event_batch_parts(session_id, origin, len(frames))
+    return b"".join((head, *frames, middle, *(pack(event_id) for event_id in event_ids)))
 
 
 def frames_from_payload(payload: dict[str, Any]) -> tuple[list[Event], int]:
-    """The frames of an EVENT signal, and how many were unreadable (skipped one by one)."""
+    """The frames of an EVENT signal, each with its event id when the payload names them, and
+    how many frames were unreadable (skipped one by one)."""
     raw_frames = payload.get("frames")
     if not isinstance(raw_frames, list):
         return [], 1
+    event_ids = payload.get("ids")
+    if not (isinstance(event_ids, list) and len(event_ids) == len(raw_frames)):
+        event_ids = [None] * len(raw_frames)
     frames: list[Event] = []
     unreadable = 0
-    for raw in raw_frames:
+    for raw, event_id in zip(raw_frames, event_ids, strict=True):
+        if isinstance(raw, dict) and isinstance(event_id, str):
+            raw["event_id"] = event_id
         try:
             frames.append(event_from_payload(raw))
         except WireError:

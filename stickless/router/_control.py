@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -12,7 +13,7 @@ from pydantic import ValidationError
 from .._events import Event
 from ..actors import Subscriber, SubscriberHub
 from ..backends.base import Subscription
-from ..wire import Signal, SignalKind, WireError, frames_from_payload, frames_to_payload
+from ..wire import Signal, SignalKind, WireError, frames_from_payload
 from ._background import log, quiet
 from ._context import NodeContext, RouterPart
 from ._stream import EventStream, check_cursor
@@ -139,14 +140,20 @@ class ControlChannel(RouterPart):
         self._hub.fan_out(signal.session_id, frames)
 
     async def deliver_frames(self, session_id: str, frames: Sequence[Event]) -> None:
-        """Log a batch of frames (assigning event ids), fan out locally, then publish the whole
-        batch on the rail as one signal."""
+        """Log a batch of frames and publish it on the rail as one signal, in one store call
+        (assigning event ids), then fan it out locally."""
         batch = list(frames)
         ids: list[str] | None = None
         try:
-            ids = await self._backends.events.append(session_id, batch)
+            # A fresh batch id per batch: the store runs a call repeated after a lost reply
+            # only once, so the log and the rail never carry a batch twice.
+            ids = await self._backends.append_and_publish(
+                session_id, self._node_id, uuid.uuid4().hex, batch
+            )
         except Exception as exc:
-            log.warning("event log append failed for %s: %s", session_id, exc)
+            # Neither logged nor published (or unknown): local subscribers still get the
+            # frames, without ids.
+            log.warning("event relay of %s failed: %s", session_id, exc)
         if self._hub.has(session_id):
             local = batch
             if ids is not None:
@@ -154,16 +161,6 @@ class ControlChannel(RouterPart):
                     f.model_copy(update={"event_id": i}) for f, i in zip(batch, ids, strict=True)
                 ]
             self._hub.fan_out(session_id, local)
-        signal = Signal(
-            kind=SignalKind.EVENT.value,
-            session_id=session_id,
-            origin=self._node_id,
-            payload=frames_to_payload(batch, ids),
-        )
-        try:
-            await self._backends.signals.publish(signal)
-        except Exception as exc:
-            log.warning("event rail publish failed for %s: %s", session_id, exc)
 
     def finish_subscribers(self, session_id: str | None = None) -> None:
         """End the local streams of one session (or of all sessions)."""

@@ -66,6 +66,7 @@ from ._records import (
     RecordView,
     StagedCommit,
 )
+from ._relaying import RELAY_BATCH_WINDOW, EventRelayPath, check_batch_id
 from ._signals import (
     SignalBus,
     SignalHandler,
@@ -76,6 +77,7 @@ __all__ = [
     "HOLDER_INDEX_TTL",
     "MAX_RAW_BYTES",
     "REJECTED",
+    "RELAY_BATCH_WINDOW",
     "AttemptRecord",
     "Takeover",
     "Backends",
@@ -85,6 +87,7 @@ __all__ = [
     "DeadLetter",
     "DeadLetterStore",
     "EventLog",
+    "EventRelayPath",
     "FencedOut",
     "Finished",
     "HeldElsewhere",
@@ -106,6 +109,7 @@ __all__ = [
     "StagedCommit",
     "Subscription",
     "UnreadableEntry",
+    "check_batch_id",
     "check_letter",
     "cursor_ahead",
     "cursor_trimmed",
@@ -126,8 +130,8 @@ __all__ = [
 
 
 @runtime_checkable
-class Backends(Protocol):
-    """A bundle of every storage role a router needs."""
+class Backends(EventRelayPath, Protocol):
+    """A bundle of every storage role a router needs, and the fused calls that span roles."""
 
     leases: LeaseStore
     liveness: Liveness

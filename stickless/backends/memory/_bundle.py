@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from ..._events import Event
 from ..base import (
     DEFAULT_EVENT_LOG_MAX_LEN,
     DEFAULT_EVENT_LOG_TTL,
@@ -20,7 +21,7 @@ from ..base import (
     SignalBus,
 )
 from ._dead_letters import MemoryDeadLetterStore
-from ._eventlog import MemoryEventLog
+from ._eventlog import MemoryEventLog, relay_batch
 from ._hotpath import MemoryHotPath
 from ._idempotency import MemoryIdempotencyStore
 from ._inbox import MemoryInbox
@@ -80,6 +81,12 @@ class MemoryBackends:
         self.events = MemoryEventLog(link)
         self.dead_letters = MemoryDeadLetterStore(link)
         self.hotpath = MemoryHotPath(link)
+
+    async def append_and_publish(
+        self, session_id: str, origin: str, batch_id: str, frames: Sequence[Event]
+    ) -> list[str]:
+        """Log and publish a relay batch in one call (see `EventRelayPath`)."""
+        return relay_batch(self._link, session_id, origin, batch_id, frames)
 
     def link(self) -> MemoryBackends:
         """A new bundle over the same data with its own connection (one per simulated node)."""

@@ -9,14 +9,18 @@ from ..._events import Event
 from ...wire import (
     decode_event,
     encode_event,
+    pack_event_batch,
 )
 from ..base import (
+    RELAY_BATCH_WINDOW,
+    check_batch_id,
     cursor_ahead,
     cursor_trimmed,
     event_id_key,
     resume_cursor,
 )
 from ._shared import Link, State
+from ._signals import fan_out_locked
 
 
 def _expire_logs(state: State, now: float) -> None:
@@ -30,6 +34,7 @@ def _expire_logs(state: State, now: float) -> None:
         state.event_streams.pop(session_id, None)
         state.last_event_ids.pop(session_id, None)
         state.dropped_event_ids.pop(session_id, None)
+        state.relay_batches.pop(session_id, None)
 
 
 def _refresh_log(state: State, session_id: str, now: float) -> None:
@@ -57,25 +62,7 @@ class MemoryEventLog:
         with self._link.open() as state:
             now = state.clock()
             _expire_logs(state, now)
-            stream = state.event_streams.get(session_id)
-            if stream is None:
-                stream = state.event_streams[session_id] = deque()
-            ms = int(now * 1000)
-            last_ms, last_n = state.last_event_ids.get(session_id, (-1, 0))
-            ids: list[str] = []
-            for data in encoded:
-                last_ms, last_n = (ms, 0) if ms > last_ms else (last_ms, last_n + 1)
-                if (last_ms, last_n) == (0, 0):  # '0-0' is the origin cursor, never an id
-                    last_n = 1
-                event_id = f"{last_ms}-{last_n}"
-                stream.append((event_id, data))
-                ids.append(event_id)
-            while len(stream) > state.max_len:
-                dropped, _ = stream.popleft()
-                state.dropped_event_ids[session_id] = event_id_key(dropped)
-            state.last_event_ids[session_id] = (last_ms, last_n)
-            _refresh_log(state, session_id, now)
-            return ids
+            return _append_locked(state, session_id, encoded, now)
 
     async def read(self, session_id: str, after: str | None, limit: int) -> list[Event]:
         """Up to `limit` frames with ids strictly after `after` (all when None), ids set.
@@ -118,3 +105,51 @@ class MemoryEventLog:
                 return
             state.dropped_event_ids[session_id] = last
             _refresh_log(state, session_id, now)
+
+
+def _append_locked(state: State, session_id: str, encoded: list[bytes], now: float) -> list[str]:
+    """Append encoded frames to a live (unexpired) log, trim it to the bound, refresh its
+    expiry; their ids (caller holds the state lock)."""
+    stream = state.event_streams.get(session_id)
+    if stream is None:
+        stream = state.event_streams[session_id] = deque()
+    ms = int(now * 1000)
+    last_ms, last_n = state.last_event_ids.get(session_id, (-1, 0))
+    ids: list[str] = []
+    for data in encoded:
+        last_ms, last_n = (ms, 0) if ms > last_ms else (last_ms, last_n + 1)
+        if (last_ms, last_n) == (0, 0):  # '0-0' is the origin cursor, never an id
+            last_n = 1
+        event_id = f"{last_ms}-{last_n}"
+        stream.append((event_id, data))
+        ids.append(event_id)
+    while len(stream) > state.max_len:
+        dropped, _ = stream.popleft()
+        state.dropped_event_ids[session_id] = event_id_key(dropped)
+    state.last_event_ids[session_id] = (last_ms, last_n)
+    _refresh_log(state, session_id, now)
+    return ids
+
+
+def relay_batch(
+    link: Link, session_id: str, origin: str, batch_id: str, frames: Sequence[Event]
+) -> list[str]:
+    """Append a relay batch and publish it as one EVENT signal under one lock hold, at most
+    once per batch id among the session's newest `RELAY_BATCH_WINDOW` (see `EventRelayPath`)."""
+    check_batch_id(batch_id)
+    encoded = [encode_event(frame) for frame in frames]
+    if not encoded:
+        return []
+    with link.open() as state:
+        now = state.clock()
+        _expire_logs(state, now)
+        recent = state.relay_batches.get(session_id)
+        if recent is None:
+            recent = state.relay_batches[session_id] = deque(maxlen=RELAY_BATCH_WINDOW)
+        for known, known_ids in recent:
+            if known == batch_id:
+                return list(known_ids)
+        ids = _append_locked(state, session_id, encoded, now)
+        recent.append((batch_id, ids))
+        fan_out_locked(state, pack_event_batch(session_id, origin, encoded, ids), session_id)
+        return list(ids)

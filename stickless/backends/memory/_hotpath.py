@@ -8,7 +8,7 @@ from ._dead_letters import keep_letter
 from ._idempotency import _held_by, _live_reservation, _view
 from ._inbox import ack_locked
 from ._shared import Link, ReservationRow, State
-from ._signals import _fan_out_locked
+from ._signals import fan_out_locked
 
 
 class MemoryHotPath:
@@ -70,7 +70,7 @@ class MemoryHotPath:
                 keep_letter(state, dead_letter, now)
             _ack(state, session_id, pending)
             if message is not None:
-                _fan_out_locked(state, message, None)
+                fan_out_locked(state, message, None)
             return Finished(recorded=True)
 
 

@@ -119,6 +119,9 @@ class State:
         #: Expiry (store clock) of each session's log, oldest first: every refresh re-inserts
         #: the session at the end, so expired logs are always at the front.
         self.event_log_expiry: dict[str, float] = {}
+        #: Per session, the newest relay batches as (batch id, event ids), oldest first
+        #: (`RELAY_BATCH_WINDOW` at most); forgotten with the log.
+        self.relay_batches: dict[str, deque[tuple[str, list[str]]]] = {}
         #: Per session, the packed dead letters by letter id (kept until removed or purged).
         self.dead_letters: dict[str, dict[str, bytes]] = {}
         self.control_subs: dict[LinkedSubscription, None] = {}

@@ -94,7 +94,7 @@ class MemorySubscription:
                 )
 
 
-def _fan_out_locked(state: State, data: bytes, session_id: str | None) -> None:
+def fan_out_locked(state: State, data: bytes, session_id: str | None) -> None:
     """Offer bytes to the control subscribers, or to a session's event subscribers."""
     subs = state.control_subs if session_id is None else state.event_subs.get(session_id, {})
     for sub in list(subs):
@@ -119,12 +119,12 @@ class MemorySignalBus:
         ]
         with self._link.open() as state:
             for data, session_id in encoded:
-                _fan_out_locked(state, data, session_id)
+                fan_out_locked(state, data, session_id)
 
     async def publish_raw(self, data: bytes, session_id: str | None = None) -> None:
         """Test hook: send arbitrary bytes on the control channel (or a session's event channel)."""
         with self._link.open() as state:
-            _fan_out_locked(state, data, session_id)
+            fan_out_locked(state, data, session_id)
 
     async def subscribe(
         self, handler: SignalHandler, on_resubscribed: Callable[[], None] | None = None

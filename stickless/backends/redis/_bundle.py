@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -11,6 +12,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from ..._events import Event
 from ..base import (
     DEFAULT_EVENT_LOG_MAX_LEN,
     DEFAULT_EVENT_LOG_TTL,
@@ -120,9 +122,10 @@ class RedisBackends:
         self.idempotency = RedisIdempotencyStore(
             self.client, scripts, self.keys, retention.inbox_ttl
         )
-        self.events = RedisEventLog(
+        self._event_log = RedisEventLog(
             self.client, scripts, self.keys, retention.event_log_max_len, retention.event_log_ttl
         )
+        self.events = self._event_log
         self.dead_letters = RedisDeadLetterStore(self.client, scripts, self.keys)
         self.hotpath = RedisHotPath(self.client, scripts, self.keys)
 
@@ -187,6 +190,12 @@ class RedisBackends:
     def namespace(self) -> str:
         """The key prefix of this bundle."""
         return self._namespace
+
+    async def append_and_publish(
+        self, session_id: str, origin: str, batch_id: str, frames: Sequence[Event]
+    ) -> list[str]:
+        """Log and publish a relay batch in one script (see `EventRelayPath`)."""
+        return await self._event_log.append_and_publish(session_id, origin, batch_id, frames)
 
     def clone(self) -> RedisBackends:
         """A new bundle over the same server and namespace with its own connection pool."""

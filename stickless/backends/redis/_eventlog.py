@@ -12,8 +12,11 @@ from ..._events import Event
 from ...wire import (
     decode_event,
     encode_event,
+    event_batch_parts,
 )
 from ..base import (
+    RELAY_BATCH_WINDOW,
+    check_batch_id,
     cursor_ahead,
     cursor_trimmed,
     resume_cursor,
@@ -46,6 +49,30 @@ class RedisEventLog(_Role):
         ids = await self._scripts.events_append(
             keys=[self._keys.event_log(session_id)],
             args=[self._max_len, self._ttl_ms, *(encode_event(event) for event in events)],
+        )
+        return [_text(event_id) for event_id in ids]
+
+    async def append_and_publish(
+        self, session_id: str, origin: str, batch_id: str, frames: Sequence[Event]
+    ) -> list[str]:
+        """Append frames and publish them as one EVENT signal, in one script run at most once
+        per batch id (see `EventRelayPath`); their ids."""
+        check_batch_id(batch_id)
+        if not frames:
+            return []
+        head, middle = event_batch_parts(session_id, origin, len(frames))
+        ids = await self._scripts.events_relay(
+            keys=[self._keys.event_log(session_id), self._keys.relay_batches(session_id)],
+            args=[
+                self._max_len,
+                self._ttl_ms,
+                RELAY_BATCH_WINDOW,
+                batch_id,
+                self._keys.event_channel(session_id),
+                head,
+                middle,
+                *(encode_event(frame) for frame in frames),
+            ],
         )
         return [_text(event_id) for event_id in ids]
 

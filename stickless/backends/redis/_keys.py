@@ -107,6 +107,12 @@ class Keys:
         frame); expires `event_log_ttl` after its last append or delete."""
         return f"{self.tag(session_id)}:events"
 
+    def relay_batches(self, session_id: str) -> str:
+        """List of the session's newest relay batches, "<batch id> <event id> ...", newest
+        first (`RELAY_BATCH_WINDOW` at most), so a relay call run again is answered, not
+        repeated; expires with the event log."""
+        return f"{self.tag(session_id)}:relay"
+
     def dead_letters(self, session_id: str) -> str:
         """Hash of the session's dead letters, letter id -> packed letter; kept until removed
         or purged (a delete of the session leaves it: letters are the operator's to clear)."""

@@ -80,6 +80,7 @@ class Scripts:
         self.idem_find = load("idem_find")
         self.idem_expire = load("idem_expire")
         self.events_append = load("events_append")
+        self.events_relay = load("events_relay")
         self.events_read = load("events_read")
         self.events_delete = load("events_delete")
         self.dead_add = load("dead_add")

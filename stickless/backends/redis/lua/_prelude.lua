@@ -150,6 +150,25 @@ local function stream_info(key)
   return fields
 end
 
+-- Append frames[first..] to the event stream `key` in order ('f' fields), trim it exactly to
+-- the newest `bound`, record the newest dropped id as its max-deleted-entry-id (XSETID, Redis
+-- >= 7.0) so reads can tell a trimmed cursor from one that lost nothing, and expire the whole
+-- log `ttl_ms` after this append. The new ids, in order.
+local function append_frames(key, bound, ttl_ms, frames, first)
+  local ids = {}
+  for i = first, #frames do
+    ids[#ids + 1] = redis.call('XADD', key, '*', 'f', frames[i])
+  end
+  local excess = redis.call('XLEN', key) - bound
+  if excess > 0 then
+    local dropped = redis.call('XRANGE', key, '-', '+', 'COUNT', excess)
+    redis.call('XTRIM', key, 'MAXLEN', bound)
+    redis.call('XSETID', key, ids[#ids], 'MAXDELETEDID', dropped[#dropped][1])
+  end
+  redis.call('PEXPIRE', key, ttl_ms)
+  return ids
+end
+
 -- Compare two stream ids '<ms>-<seq>' written without leading zeros: -1, 0 or 1. Exact for any
 -- 64-bit parts (compared as digit strings, never as Lua numbers).
 local function compare_ids(a, b)
