@@ -55,15 +55,16 @@ CUT_SCRIPTS = (
     "idem_acquire",
     "idem_reset",
     "lease_acquire",
-    "lease_renew",
+    "live_renew",
     "inbox_take",
     "inbox_ack",
     "idem_park",
     "idem_requeue",
+    "events_relay",
 )
-#: The scripts of a node's lease renewals (`LeaseRenewer.tick`): holding their reply keeps the
-#: node's leases from being renewed.
-RENEWALS = ("lease_renew", "idem_touch")
+#: The script of a node's liveness renewals (`LeaseRenewer.tick`): holding its reply keeps the
+#: node's incarnation, so its leases and reservations, from being renewed.
+RENEWALS = ("live_renew",)
 
 
 @dataclass(frozen=True)
@@ -166,10 +167,12 @@ class FaultDriver:
     async def stop(self, running: asyncio.Task[None]) -> None:
         """Stop firing, let go of everything held (proxies, stopped processes)."""
         running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
+        (ended,) = await asyncio.gather(running, return_exceptions=True)
         self.cleared = self.nodes.clock()
         self.nodes.pool.clear()
         await asyncio.gather(*self.tasks)
+        if isinstance(ended, Exception):  # a fault that could not be fired stopped the driver
+            raise ended
 
     def target(self, *, running: bool = True) -> NodeProcess:
         """A random live node process (`running`: not stopped either)."""
