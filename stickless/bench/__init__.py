@@ -16,6 +16,7 @@ SCENARIOS: dict[str, str] = {
     "relay": "stickless.bench.relay",
     "turns": "stickless.bench.turns",
     "sessions": "stickless.bench.sessions",
+    "sustained": "stickless.bench.sustained",
     "idle": "stickless.bench.idle",
     "contention": "stickless.bench.contention",
     "failover": "stickless.bench.failover",

@@ -122,11 +122,14 @@ class FusedFloor:
         self._sub: Any = None
         self._holder: subprocess.Popen[bytes] | None = None
 
-    async def start(self) -> None:
-        """Load the scripts, subscribe to the result channel, start the holder process."""
+    async def start(self, holder: bool = True) -> None:
+        """Load the scripts; unless `holder` is False (the local floor only), subscribe to the
+        result channel and start the holder process."""
         from ._procs import read_line
 
         await self._caller.load(SUBMIT_LOCAL, FINISH_LOCAL)
+        if not holder:
+            return
         await self._caller.load(SUBMIT_FORWARDED, channel=self._doorbell)
         self._sub = self._caller.client.pubsub(ignore_subscribe_messages=True)
         await self._sub.subscribe(self._result)
