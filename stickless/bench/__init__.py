@@ -18,6 +18,7 @@ SCENARIOS: dict[str, str] = {
     "sessions": "stickless.bench.sessions",
     "sustained": "stickless.bench.sustained",
     "idle": "stickless.bench.idle",
+    "renewal": "stickless.bench.renewal",
     "contention": "stickless.bench.contention",
     "failover": "stickless.bench.failover",
     "ray": "stickless.bench.ray_actors",
