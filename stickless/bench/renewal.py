@@ -56,7 +56,9 @@ WORKER_TIMEOUT = 600.0
 
 
 async def _hold(router: SessionRouter, session_ids: list[str]) -> int:
-    """Hold idle sessions as a claim does (lease acquire, then renewer.track); how many won."""
+    """Hold idle sessions the way `LocalSessions.claim` takes a lease (the lease store's
+    acquire, then `renewer.track`; the one step here to follow a change of the claim); how
+    many were won."""
     from ..backends.base import Lease
 
     ttl = router.config.lease_ttl
@@ -99,10 +101,12 @@ async def _worker(url: str, namespace: str, sizes: list[int], repeats: int) -> d
     for i in range(BUSY):
         await router.submit(request(f"busy-{i}", f"sleep:{LEASE_TTL}"))
     held = BUSY
+    named = 0  # idle sessions named so far
     checkpoints = []
     for size in sizes:
         t0 = time.perf_counter()
-        new = [f"idle-{i}" for i in range(held - BUSY, size - BUSY)]
+        new = [f"idle-{i}" for i in range(named, size - BUSY)]
+        named += len(new)
         held += await _hold(router, new)
         holds_per_s = len(new) / (time.perf_counter() - t0) if new else None
         ticks: list[float] = []

@@ -203,7 +203,8 @@ def _report(config: dict[str, Any], results: dict[str, Any], floors: list[Load])
     rows.append(["redis-server CPU per turn (us)", stats["server_cpu_us"], "-", None])
     rows.append(["commands sent per turn (MONITOR sample)", sample["sent_total"], 2, None])
     for name, calls in list(sample["scripts"].items())[:TOP]:
-        rows.append([f"  script {name} per turn", calls, "-", None])
+        if calls:  # rarer than one in 200 turns rounds to 0: left to the JSON
+            rows.append([f"  script {name} per turn", calls, "-", None])
     rows.append(["commands run inside scripts per turn (sample)", sample["in_scripts"], "-", None])
     rows.append(["new-session claims/s (first turn)", results["claims_per_s"], "-", None])
     notes = [
