@@ -61,7 +61,8 @@ SUBMIT_FORWARDED = Shape(
 )
 #: Holder's take: collect plus take-over of what it collected (the envelope comes back).
 TAKE = Shape("take (holder)", 8, (1, 4, 16, 16, 8, 19, 4), (17, 3, 15, 350, 17, 1, 17))
-#: Finish: fenced commit, outcome, reservation, acknowledgement, events, TURN_RESULT PUBLISH.
+#: Finish: fenced commit, outcome, reservation, acknowledgement, events, TURN_RESULT PUBLISH
+#: (6 KEYS and 13 ARGV, as the `turn_finish` script being written has).
 FINISH = Shape(
     "finish (TURN_RESULT PUBLISH inside)",
     6,
