@@ -68,7 +68,19 @@ def _quick(tmp_path: Path, names: list[str]) -> dict[str, Any]:
 def test_quick_bench_reports_every_scenario(tmp_path: Path) -> None:
     """Every scenario but `ray` (which needs Ray: see the next test)."""
     names = [name for name in SCENARIOS if name != RAY]
-    _check(_quick(tmp_path, names), names)
+    report = _quick(tmp_path, names)
+    _check(report, names)
+    scenarios = report["scenarios"]
+    turns = scenarios["turns"]["results"]
+    assert {"floor_local", "floor_forwarded"} <= set(turns["latency_ms"])
+    assert turns["redis_commands_per_turn"]["floor_local"]["sent_total"] >= 2
+    sustained = scenarios["sustained"]["results"]
+    assert sustained["stickless"]["turns"] > 0
+    assert sustained["commandstats_per_turn"]["calls_total"] > 0
+    assert sustained["monitor_sample_per_turn"]["scripts"]
+    checkpoints = scenarios["renewal"]["results"]["checkpoints"]
+    assert [point["sessions"] for point in checkpoints] == [1000, 5000]
+    assert all(point["held"] == point["sessions"] for point in checkpoints)
 
 
 @pytest.mark.timeout(180)

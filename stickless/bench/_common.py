@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
+import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +31,31 @@ def rss_bytes() -> int:
 def request(session_id: str, spec: str = "echo") -> dict[str, Any]:
     """A submit request for the bench agent."""
     return {"session_id": session_id, "agent_ref": AGENT_REF, "input": spec}
+
+
+async def claim_all(router: SessionRouter, sessions: list[str], callers: int) -> float:
+    """One turn per session (each claims its session) by `callers` callers; claims per second."""
+    queue = list(reversed(sessions))
+
+    async def caller() -> None:
+        while queue:
+            session_id = queue.pop()
+            await (await router.submit(request(session_id))).result
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(callers)))
+    return len(sessions) / (time.perf_counter() - t0)
+
+
+def script_names() -> dict[str, str]:
+    """SHA1 -> name of every Lua script the Redis backends load."""
+    from importlib.resources import files
+
+    from ..backends.redis import _scripts
+
+    lua = files(_scripts.__package__).joinpath("lua")
+    names = [p.name[:-4] for p in lua.iterdir() if p.name.endswith(".lua") and p.name[0] != "_"]
+    return {hashlib.sha1(_scripts.source(n).encode()).hexdigest(): n for n in sorted(names)}
 
 
 def raw_client(url: str) -> redis.asyncio.Redis:
@@ -100,7 +127,9 @@ class CommandTally:
     def __init__(self, url: str) -> None:
         self._client = raw_client(url)
         self.sent: dict[str, int] = {}
+        self.scripts: dict[str, int] = {}
         self.in_scripts = 0
+        self._names = script_names()
         self._marker = f"tally-end-{id(self)}"
         self._done: asyncio.Event = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -124,6 +153,10 @@ class CommandTally:
                 self.in_scripts += 1
             elif name != "hello":  # connection set-up, not protocol
                 self.sent[name] = self.sent.get(name, 0) + 1
+                if name in ("evalsha", "evalsha_ro"):
+                    sha = command.split(" ", 2)[1].strip('"')
+                    script = self._names.get(sha, sha[:12])
+                    self.scripts[script] = self.scripts.get(script, 0) + 1
 
     async def __aexit__(self, *exc: object) -> None:
         try:
@@ -139,11 +172,14 @@ class CommandTally:
             await self._client.aclose()
 
     def per_turn(self, turns: int) -> dict[str, Any]:
-        """Commands per turn: sent by clients (by name, total) and run inside scripts."""
+        """Commands per turn: sent by clients (by name, total), scripts sent (by script name,
+        most first) and commands run inside scripts."""
         sent = {name: round(count / turns, 2) for name, count in sorted(self.sent.items())}
+        ranked = sorted(self.scripts.items(), key=lambda item: -item[1])
         return {
             "sent": sent,
             "sent_total": round(sum(self.sent.values()) / turns, 2),
+            "scripts": {name: round(count / turns, 2) for name, count in ranked},
             "in_scripts": round(self.in_scripts / turns, 2),
         }
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from .._config import DeploymentMode, RouterConfig
 from ..router import SessionRouter
-from ._common import ClientGauge, LogCounter, request
+from ._common import ClientGauge, LogCounter, claim_all, request
 from ._runner import BenchContext
 from ._stats import ratio, value_spread
 from .agent import make_opener
@@ -36,20 +36,6 @@ CALLERS = 64
 #: redis-py's asyncio pool defaults to 100 connections and raises MaxConnectionsError past
 #: that; 64 concurrent callers on one node need more (see the notes).
 POOL_SIZE = 1024
-
-
-async def _claim_all(router: SessionRouter, sessions: list[str]) -> float:
-    """One turn per session (each claims its session); returns claims per second."""
-    queue = list(reversed(sessions))
-
-    async def caller() -> None:
-        while queue:
-            session_id = queue.pop()
-            await (await router.submit(request(session_id))).result
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(caller() for _ in range(CALLERS)))
-    return len(sessions) / (time.perf_counter() - t0)
 
 
 async def _rate(
@@ -91,7 +77,7 @@ async def _measure(
     raw: RawPath | None,
 ) -> dict[str, Any]:
     sessions = [f"{label}-{i}" for i in range(max(sizes))]
-    claim_rate = await _claim_all(router, sessions)
+    claim_rate = await claim_all(router, sessions, CALLERS)
     ctx.progress(f"{label}: {len(sessions)} sessions claimed ({claim_rate:.0f}/s)")
     rates: dict[str, list[float]] = {str(n): [] for n in sizes}
     raw_rates: list[float] = []

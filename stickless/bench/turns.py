@@ -13,7 +13,11 @@ Contenders, interleaved round by round (the order rotates each repeat):
 - raw forwarded min: submitter: record load, put_if_absent, lease acquire (lost),
   release_holder, inbox deliver, PUBLISH doorbell -> pub/sub receipt on the holder's
   connection; holder: collect, acquire_holder, mark_done, PUBLISH TURN_RESULT -> pub/sub
-  receipt on the submitter's connection (10 round trips + 2 pub/sub hops).
+  receipt on the submitter's connection (10 round trips + 2 pub/sub hops);
+- floor local / floor forwarded: the fused path's floors (`_floors`): no-op scripts of the
+  fused scripts' shape, local = submit + finish (2 round trips), forwarded = submit with the
+  doorbell PUBLISH inside -> hop to a holder process (raw redis-py) -> take, finish with the
+  TURN_RESULT PUBLISH inside -> hop back (3 round trips + 2 pub/sub hops, across processes).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 from ..router import SessionRouter
 from ..testing import LocalCluster
 from ._common import CommandTally, raw_client, redis_router, request
+from ._floors import FLOOR_FORWARDED_STEPS, FLOOR_LOCAL_STEPS, FusedFloor
 from ._runner import BenchContext
 from ._stats import flatten, ratio, summarize, value_spread
 from .agent import make_opener
@@ -33,7 +38,9 @@ from .agent import make_opener
 TITLE = "Turn round trip: local and forwarded, memory and Redis (forwarded across processes)"
 BASELINE = (
     "the minimum Redis round trips of the protocol path, each timed raw with redis-py "
-    "(trivial EVALSHA / same commands / pub/sub hops) in the same run"
+    "(trivial EVALSHA / same commands / pub/sub hops) in the same run; and the fused path's "
+    "floors: no-op scripts of the fused scripts' shape (local 2 round trips, forwarded 3 + 2 "
+    "pub/sub hops across processes)"
 )
 
 TurnFn = Callable[[], Awaitable[None]]
@@ -54,6 +61,14 @@ RAW_FORWARDED_STEPS = [
     "mark_done",
     "PUBLISH TURN_RESULT + pub/sub hop",
 ]
+#: The stickless contenders (also timed for throughput).
+STICKLESS = ["memory_local", "memory_forwarded", "redis_local", "redis_forwarded"]
+#: Each Redis contender's raw protocol minimum, and its fused-path floor.
+PAIRS = {"redis_local": "raw_local_min", "redis_forwarded": "raw_forwarded_min"}
+FLOORS = {"redis_local": "floor_local", "redis_forwarded": "floor_forwarded"}
+#: The issue's goals: latency <= 1.5x the floor, commands sent per turn (scripts included).
+FLOOR_GOAL = 1.5
+COMMAND_GOALS = {"redis_local": 3, "redis_forwarded": 6}
 
 
 def _router_turn(router: SessionRouter, session_id: str) -> TurnFn:
@@ -165,10 +180,12 @@ async def run(ctx: BenchContext) -> dict[str, Any]:
     namespace = ctx.unique("turns")
     memory = LocalCluster(2, opener=make_opener())
     raw = RawPath(ctx.redis_url, namespace + ":raw")
+    floor = FusedFloor(ctx, namespace + ":floor")
     holder = await ctx.node(ctx.unique("turns-holder-"), namespace, {})
     try:
         await memory.start()
         await raw.start()
+        await floor.start()
         async with redis_router(ctx.redis_url, namespace, ctx.unique("turns-a-")) as (router, _):
             mem_session, redis_local, redis_fwd = (ctx.unique("t-") for _ in range(3))
             await _router_turn(memory.nodes[0], mem_session)()  # node 0 holds it
@@ -182,6 +199,8 @@ async def run(ctx: BenchContext) -> dict[str, Any]:
                 "raw_local_min": raw.local,
                 "raw_forwarded_min": raw.forwarded,
                 "raw_round_trip": raw.rtt,
+                "floor_local": floor.local,
+                "floor_forwarded": floor.forwarded,
             }
             for turn in contenders.values():  # warm-up
                 await _latencies(turn, 10)
@@ -192,20 +211,19 @@ async def run(ctx: BenchContext) -> dict[str, Any]:
                 for name in names[shift:] + names[:shift]:
                     samples[name].append(await _latencies(contenders[name], per_round))
                 ctx.progress(f"latency repeat {index + 1}/{repeats} done")
-            rates: dict[str, list[float]] = {
-                name: [] for name in contenders if not name.startswith("raw")
-            }
+            rates: dict[str, list[float]] = {name: [] for name in STICKLESS}
             for index in range(tput_repeats):
                 shift = index % len(rates)
                 for name in list(rates)[shift:] + list(rates)[:shift]:
                     rates[name].append(await _throughput(contenders[name], tput_total, concurrency))
             ctx.progress("throughput done")
             commands: dict[str, dict[str, Any]] = {}
-            for name in ("redis_local", "redis_forwarded", "raw_local_min", "raw_forwarded_min"):
+            for name in (*PAIRS, *PAIRS.values(), *FLOORS.values()):
                 async with CommandTally(ctx.redis_url) as tally:
                     await _latencies(contenders[name], 50)
                 commands[name] = tally.per_turn(50)
     finally:
+        await floor.aclose()
         await raw.aclose()
         await memory.aclose()
         await holder.stop()
@@ -226,10 +244,6 @@ def _report(
 ) -> dict[str, Any]:
     latency = {name: summarize(flatten(groups), groups) for name, groups in samples.items()}
     throughput = {name: value_spread(values) for name, values in rates.items()}
-    pairs = {
-        "redis_local": "raw_local_min",
-        "redis_forwarded": "raw_forwarded_min",
-    }
     ratios: dict[str, Any] = {}
     rows: list[list[Any]] = []
     for name in ("memory_local", "memory_forwarded"):
@@ -237,52 +251,34 @@ def _report(
         rows.append(
             [f"{name} p50 / p99 (ms)", f"{stats['p50']:.3f} / {stats['p99']:.3f}", "-", None]
         )
-    for name, base in pairs.items():
+    for name, base in PAIRS.items():
         mine, raw = latency[name], latency[base]
         for q in ("p50", "p99"):
             ratios[f"{name}_{q}"] = ratio(mine[q], raw[q])
         ratios[f"{name}_mean"] = ratio(mine["mean"], raw["mean"])
         for q in ("p50", "p95", "p99"):
-            rows.append(
-                [
-                    f"{name} {q} (ms) vs {base}",
-                    mine[q],
-                    raw[q],
-                    ratio(mine[q], raw[q]),
-                ]
-            )
+            rows.append([f"{name} {q} (ms) vs {base}", mine[q], raw[q], ratio(mine[q], raw[q])])
+    for name, base in FLOORS.items():
+        mine, floor = latency[name], latency[base]
+        for q in ("p50", "p99"):
+            ratios[f"{name}_{q}_vs_floor"] = ratio(mine[q], floor[q])
+        for q in ("p50", "p95", "p99"):
+            rows.append([f"{name} {q} (ms) vs {base}", mine[q], floor[q], ratio(mine[q], floor[q])])
     rtt = latency["raw_round_trip"]
     rows.append(["one raw round trip (EVALSHA no-op) p50 (ms)", "-", rtt["p50"], None])
     for name, spread in throughput.items():
         rows.append(
             [f"{name} turns/s, {concurrency} callers on 1 session", spread.get("p50"), "-", None]
         )
-    for name in ("redis_local", "redis_forwarded"):
+    for name in PAIRS:
         sent = commands.get(name, {}).get("sent_total")
-        floor = commands.get(pairs[name], {}).get("sent_total")
-        rows.append([f"{name} Redis commands sent per turn", sent, floor, ratio(sent, floor)])
+        for base in (PAIRS[name], FLOORS[name]):
+            least = commands.get(base, {}).get("sent_total")
+            rows.append(
+                [f"{name} Redis commands sent per turn vs {base}", sent, least, ratio(sent, least)]
+            )
         inside = commands.get(name, {}).get("in_scripts")
         rows.append([f"{name} commands run inside scripts per turn", inside, "-", None])
-    fwd = ratios.get("redis_forwarded_p50")
-    goals = [
-        {
-            "goal": "forwarded turn <= 1.5x its raw Redis round trips (p50)",
-            "target": "<= 1.5",
-            "measured": fwd,
-            "met": None if fwd is None else fwd <= 1.5,
-        }
-    ]
-    rtt_p50 = rtt.get("p50") or 0
-    notes = [
-        f"{repeats} repeats x {per_round} sequential turns per contender; throughput: "
-        f"{tput_total} turns by {concurrency} concurrent callers, {tput_repeats} repeats",
-        f"raw forwarded min = {len(RAW_FORWARDED_STEPS)} steps: {', '.join(RAW_FORWARDED_STEPS)}",
-        f"raw local min = {', '.join(RAW_LOCAL_STEPS)}",
-        "stickless forwarded p50 = "
-        + (
-            f"{latency['redis_forwarded']['p50'] / rtt_p50:.1f} raw round trips" if rtt_p50 else "-"
-        ),
-    ]
     return {
         "config": {
             "repeats": repeats,
@@ -292,6 +288,8 @@ def _report(
             "throughput_repeats": tput_repeats,
             "raw_local_steps": RAW_LOCAL_STEPS,
             "raw_forwarded_steps": RAW_FORWARDED_STEPS,
+            "floor_local_steps": FLOOR_LOCAL_STEPS,
+            "floor_forwarded_steps": FLOOR_FORWARDED_STEPS,
         },
         "results": {
             "latency_ms": latency,
@@ -300,6 +298,62 @@ def _report(
         },
         "ratios": ratios,
         "rows": rows,
-        "goals": goals,
-        "notes": notes,
+        "goals": _goals(ratios, commands),
+        "notes": _notes(latency, repeats, per_round, tput_total, tput_repeats, concurrency),
     }
+
+
+def _goals(ratios: dict[str, Any], commands: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    fwd = ratios.get("redis_forwarded_p50")
+    goals = [
+        {
+            "goal": "forwarded turn <= 1.5x its raw Redis round trips (p50)",
+            "target": "<= 1.5",
+            "measured": fwd,
+            "met": None if fwd is None else fwd <= 1.5,
+        }
+    ]
+    for name, floor in FLOORS.items():
+        measured = ratios.get(f"{name}_p50_vs_floor")
+        goals.append(
+            {
+                "goal": f"{name} p50 <= {FLOOR_GOAL}x its fused floor ({floor})",
+                "target": f"<= {FLOOR_GOAL}",
+                "measured": measured,
+                "met": None if measured is None else measured <= FLOOR_GOAL,
+            }
+        )
+    for name, most in COMMAND_GOALS.items():
+        sent = commands.get(name, {}).get("sent_total")
+        goals.append(
+            {
+                "goal": f"{name} Redis commands sent per turn (scripts included)",
+                "target": f"<= {most}",
+                "measured": sent,
+                "met": None if sent is None else sent <= most,
+            }
+        )
+    return goals
+
+
+def _notes(
+    latency: dict[str, dict[str, Any]],
+    repeats: int,
+    per_round: int,
+    tput_total: int,
+    tput_repeats: int,
+    concurrency: int,
+) -> list[str]:
+    rtt_p50 = latency["raw_round_trip"].get("p50") or 0
+    return [
+        f"{repeats} repeats x {per_round} sequential turns per contender; throughput: "
+        f"{tput_total} turns by {concurrency} concurrent callers, {tput_repeats} repeats",
+        f"raw forwarded min = {len(RAW_FORWARDED_STEPS)} steps: {', '.join(RAW_FORWARDED_STEPS)}",
+        f"raw local min = {', '.join(RAW_LOCAL_STEPS)}",
+        f"floor local = {' -> '.join(FLOOR_LOCAL_STEPS)} (no-op scripts of the fused shape)",
+        f"floor forwarded = {' -> '.join(FLOOR_FORWARDED_STEPS)} (holder: a raw redis-py process)",
+        "stickless forwarded p50 = "
+        + (
+            f"{latency['redis_forwarded']['p50'] / rtt_p50:.1f} raw round trips" if rtt_p50 else "-"
+        ),
+    ]
