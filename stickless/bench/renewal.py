@@ -61,14 +61,11 @@ async def _hold(router: SessionRouter, session_ids: list[str]) -> int:
     many were won."""
     from ..backends.base import Lease
 
-    ttl = router.config.lease_ttl
-
     async def one(session_id: str) -> Lease | None:
-        asked = time.monotonic()
-        won = await router.backends.leases.acquire(session_id, router.node_id, ttl)
-        if not isinstance(won, Lease):
+        epoch = router.renewer.epoch
+        won = await router.backends.leases.acquire(session_id, router.node_id)
+        if not isinstance(won, Lease) or not router.renewer.track(won, epoch):
             return None
-        router.renewer.track(won, asked)
         return won
 
     held = 0

@@ -79,6 +79,8 @@ class Sweeps(SessionPart):
     def enforce_lru(self) -> None:
         """Keep at most `max_cached_sessions` actors: close the least recently used idle ones;
         a busy (pinned) one is closed when its turn ends."""
+        if len(self._sessions) <= self._config.max_cached_sessions:
+            return  # (every claim asks: under the bound it costs nothing, however many held)
         for actor in lru_victims(self._sessions.actors(), self._config.max_cached_sessions):
             actor.close_requested = True
             if not actor.busy:
