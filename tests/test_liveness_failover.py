@@ -14,7 +14,7 @@ from stickless import FailureCode, RouterConfig, TurnFailedError
 from stickless._types import SubmitRequest
 from stickless.router._keys import reservation_key
 
-from .mp_cluster import FAST_CONFIG, MpCluster
+from .mp_cluster import FAST_CONFIG, MpCluster, poll
 from .test_multiprocess import next_frames, request
 
 #: The RouterConfig defaults of every timing the fast test config overrides.
@@ -61,3 +61,39 @@ async def test_sigkilled_holder_is_known_lost_by_its_liveness_with_default_timin
         after = await b.client.run(request(sid, "t3"))
         assert after.executed_by != a.node_id
         await stream.aclose()
+
+
+@pytest.mark.timeout(60)
+async def test_a_paused_holder_resumes_as_a_new_incarnation_holding_nothing(
+    redis_url: str, tmp_path: Path
+) -> None:
+    async with MpCluster(redis_url, tmp_path) as cluster:
+        a, b, _ = cluster.nodes
+        sid = "paused"
+        redis, keys = cluster.redis, cluster.backends.keys
+        await a.client.run(request(sid, "t1"))
+        old = await redis.get(keys.liveness(a.node_id))
+        assert old
+        # Given A holds the session, then is SIGSTOPped until its liveness key expires
+        a.sigstop()
+
+        async def a_dead() -> bool:
+            return not await redis.exists(keys.liveness(a.node_id))
+
+        await poll(a_dead, 20, "A's liveness never ran out")
+        # When B takes the session over meanwhile, and A then resumes
+        taken = await b.client.run(request(sid, "t2"))
+        assert taken.executed_by == b.node_id
+        a.sigcont()
+
+        async def a_again() -> bytes | None:
+            current: bytes | None = await redis.get(keys.liveness(a.node_id))
+            return current if current and current != old else None
+
+        # Then A lives on as a new incarnation (the old one never came back), holding nothing:
+        # the session's lease stays B's and a turn sent through A runs on B
+        assert await poll(a_again, 20, "A never registered a new incarnation") != old
+        lease = await cluster.backends.leases.current(sid)
+        assert lease is not None and lease.holder == b.node_id
+        after = await a.client.run(request(sid, "t3"))
+        assert after.executed_by == b.node_id

@@ -111,3 +111,15 @@ def test_load_opener_accepts_an_opener_or_a_factory() -> None:
     assert hasattr(direct, "open")
     with pytest.raises(ValueError, match="neither"):
         load_opener("tests.node_openers:NOT_AN_OPENER")
+
+
+def test_an_error_subclass_travels_as_the_error_the_other_side_knows() -> None:
+    from stickless import BackendUnavailableError
+    from stickless.backends.base import NotLive
+    from stickless.node._service import error_from_wire, error_to_wire
+
+    # When a refusal the client has no class for crosses the connection
+    wire = error_to_wire(NotLive("node-1 has no live incarnation"))
+    # Then it arrives as its nearest known base, so callers retry it like any outage
+    assert wire == {"type": "BackendUnavailableError", "message": "node-1 has no live incarnation"}
+    assert isinstance(error_from_wire(wire), BackendUnavailableError)

@@ -52,7 +52,11 @@ def error_to_wire(error: BaseException) -> dict[str, Any]:
             "session_id": error.session_id,
             "turn_id": error.turn_id,
         }
-    name = type(error).__name__ if isinstance(error, SticklessError) else "SticklessError"
+    # (a subclass travels as the nearest error the other side knows: NotLive as
+    # BackendUnavailableError)
+    name = next(
+        (c.__name__ for c in type(error).__mro__ if c.__name__ in _ERRORS), "SticklessError"
+    )
     message = (
         error.message if isinstance(error, SticklessError) else f"{type(error).__name__}: {error}"
     )

@@ -199,7 +199,8 @@ class Handover(SessionPart):
             return actor.lease
         if actor is not None:
             await self._retire(actor, StopReason.LEASE_LOST)
-        return await io(self._backends.leases.acquire(session_id, self._node_id))
+        won, _ = await self._sessions.acquire(session_id)
+        return won
 
     async def _end_session(self, session_id: str, lease: Lease, *, delete: bool) -> None:
         """Release/delete on the holder: stop, purge (EVICTED), release, broadcast EVICT."""

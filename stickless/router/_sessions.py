@@ -75,6 +75,21 @@ class LocalSessions(RouterPart):
         """Crash path: forget every actor at once."""
         self._actors.clear()
 
+    async def acquire(self, session_id: str) -> tuple[Lease | HeldElsewhere, int]:
+        """The session's lease, taken under this node's live incarnation (a dead one is
+        replaced first: see `LeaseRenewer.revive`), with that incarnation's epoch.
+
+        Raises:
+            BackendUnavailableError: a backend failed (or the node could not register).
+        """
+        epoch = self._renewer.epoch
+        try:
+            return await io(self._backends.leases.acquire(session_id, self._node_id)), epoch
+        except NotLive:
+            await io(self._renewer.revive(self._backends, epoch))
+            epoch = self._renewer.epoch
+            return await io(self._backends.leases.acquire(session_id, self._node_id)), epoch
+
     async def claim(self, session_id: str, agent_ref: str | None) -> SessionActor | HeldElsewhere:
         """Lease first, then binding, then record; a loser touches no record.
 
@@ -85,14 +100,8 @@ class LocalSessions(RouterPart):
                 the answer came (a pause, a reply held back): another node may hold the
                 session by now. Or a newer lease provisioned the record meanwhile.
         """
-        epoch = self._renewer.epoch
         started = time.monotonic()
-        try:
-            won = await io(self._backends.leases.acquire(session_id, self._node_id))
-        except NotLive:
-            await io(self._renewer.revive(self._backends, epoch))
-            epoch = self._renewer.epoch
-            won = await io(self._backends.leases.acquire(session_id, self._node_id))
+        won, epoch = await self.acquire(session_id)
         took = time.monotonic() - started
         self._metrics.emit("on_lock_acquire", session_id, isinstance(won, Lease), took)
         if isinstance(won, HeldElsewhere):
