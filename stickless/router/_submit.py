@@ -111,25 +111,22 @@ class Submitter(SessionPart):
         self, req: SubmitRequest, turn_id: str, future: asyncio.Future[TurnResult]
     ) -> SubmitDisposition:
         session_id = req.session_id
-        # The binding pre-check: a request bound to fail reserves nothing.
-        bound = await io(self._backends.records.binding(session_id))
-        if bound is not None and bound != req.agent_ref:
-            raise ConflictingAgentError(
-                f"session {session_id} is bound to agent {bound!r}, not {req.agent_ref!r}"
-            )
         key = reservation_key(req, turn_id)
         input_hash = req.input_hash()
         # The reservation is held under this node's incarnation: never under a dead one.
         await io(self._renewer.ensure_alive(self._backends))
         for _ in range(_RESERVE_ATTEMPTS):
+            # One store call: the binding check (a request bound to fail reserves nothing) and
+            # the reservation.
             try:
-                existing = await io(
-                    self._backends.idempotency.put_if_absent(
+                reserved = await io(
+                    self._backends.hotpath.reserve(
                         session_id,
                         key,
                         turn_id,
                         input_hash,
                         self._node_id,
+                        req.agent_ref,
                         self._config.idempotency_secondary_ttl,
                         in_flight_ttl(self._config),
                     )
@@ -137,6 +134,12 @@ class Submitter(SessionPart):
             except BackendUnavailableError:
                 await self._discard(session_id, key, turn_id)  # it may have been written
                 raise
+            if reserved.bound is not None:
+                raise ConflictingAgentError(
+                    f"session {session_id} is bound to agent {reserved.bound!r}, "
+                    f"not {req.agent_ref!r}"
+                )
+            existing = reserved.existing
             verdict = classify(existing, input_hash, self._refused.get((session_id, key)), turn_id)
             if verdict is Verdict.PLACE:
                 # Held under this node's incarnation: however long placing takes, the

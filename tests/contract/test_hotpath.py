@@ -11,6 +11,7 @@ from stickless.backends.base import (
     FencedOut,
     Finished,
     ReservationState,
+    Reserved,
     StagedCommit,
 )
 from stickless.wire import Outcome, Signal, SignalKind, TurnResultPayload
@@ -191,3 +192,40 @@ async def test_a_finish_of_an_attempt_not_held_announces_nothing(backends: Backe
     assert (await _find(backends)).state is ReservationState.IN_FLIGHT
     assert await _still_pending(backends) == ["t1"]
     assert await _announced(recorder, backends) == []
+
+
+# --------------------------------------------------------------------------- reserve
+
+
+async def _reserve_as(backends: Backends, agent: str, turn_id: str = "t1") -> Reserved:
+    return await backends.hotpath.reserve(
+        "s1", "k1", turn_id, f"hash-{turn_id}", "node-a", agent, LONG, DAY
+    )
+
+
+async def test_reserve_refuses_a_session_bound_to_another_agent_writing_nothing(
+    backends: Backends,
+) -> None:
+    # Given a session bound to agent-a
+    await backends.records.provision("s1", "agent-a", TOKEN)
+    # When a submit for agent-b reserves
+    refused = await _reserve_as(backends, "agent-b")
+    # Then it is refused with the binding, and no reservation was made
+    assert refused == Reserved(bound="agent-a")
+    assert await backends.idempotency.find("s1", "k1") is None
+    # ...while one for the bound agent reserves, and a rerun of it finds its own reservation
+    assert await _reserve_as(backends, "agent-a") == Reserved()
+    assert await _reserve_as(backends, "agent-a") == Reserved()
+    found = await _find(backends)
+    assert (found.turn_id, found.holder) == ("t1", "node-a")
+    assert found.state is ReservationState.IN_FLIGHT
+
+
+async def test_reserve_of_an_unbound_session_returns_what_exists(backends: Backends) -> None:
+    # Given an unbound session whose key is reserved by another turn
+    assert await _reserve_as(backends, "agent-a") == Reserved()
+    # When another turn reserves the same key
+    other = await _reserve_as(backends, "agent-a", turn_id="t2")
+    # Then it gets the existing reservation back
+    assert other.bound is None and other.existing is not None
+    assert other.existing.turn_id == "t1"

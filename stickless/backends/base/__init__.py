@@ -35,6 +35,7 @@ from ._events import (
 from ._hotpath import (
     Finished,
     HotPath,
+    Reserved,
 )
 from ._idempotency import (
     REJECTED,
@@ -102,6 +103,7 @@ __all__ = [
     "PendingStats",
     "RecordStore",
     "RecordView",
+    "Reserved",
     "Reservation",
     "ReservationState",
     "SignalBus",

@@ -21,8 +21,32 @@ class Finished:
     found: Reservation | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """What a reserve did: refused because the session is bound to another agent (`bound`,
+    nothing written), or the reservation made (`existing` None) or found (`existing`)."""
+
+    bound: str | None = None
+    existing: Reservation | None = None
+
+
 class HotPath(Protocol):
     """Fused operations of a turn: what its phases write in several roles, as one step."""
+
+    async def reserve(
+        self,
+        session_id: str,
+        key: str,
+        turn_id: str,
+        input_hash: str,
+        holder: str,
+        agent_ref: str,
+        secondary_ttl: float,
+        primary_ttl: float,
+    ) -> Reserved:
+        """Start a submit in one atomic step: refuse it when the session is bound to another
+        agent than `agent_ref` (nothing written), else `IdempotencyStore.put_if_absent`."""
+        ...
 
     async def finish(
         self,

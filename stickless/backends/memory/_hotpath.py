@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from ...wire import EVENT_CHANNEL_KINDS, Outcome, Signal, pack
-from ..base import DeadLetter, FencedOut, Finished, ReservationState, StagedCommit
+from ..base import DeadLetter, FencedOut, Finished, ReservationState, Reserved, StagedCommit
 from ._dead_letters import keep_letter
-from ._idempotency import _held_by, _live_reservation, _view
+from ._idempotency import _held_by, _live_reservation, _view, put_locked
 from ._inbox import ack_locked
 from ._shared import Link, ReservationRow, State
 from ._signals import fan_out_locked
@@ -16,6 +16,27 @@ class MemoryHotPath:
 
     def __init__(self, link: Link) -> None:
         self._link = link
+
+    async def reserve(
+        self,
+        session_id: str,
+        key: str,
+        turn_id: str,
+        input_hash: str,
+        holder: str,
+        agent_ref: str,
+        secondary_ttl: float,
+        primary_ttl: float,
+    ) -> Reserved:
+        """The binding check and the reservation under one lock hold (see `HotPath.reserve`)."""
+        with self._link.open() as state:
+            record = state.records.get(session_id)
+            if record is not None and record.agent_ref != agent_ref:
+                return Reserved(bound=record.agent_ref)
+            existing = put_locked(
+                state, session_id, key, turn_id, input_hash, holder, secondary_ttl, primary_ttl
+            )
+            return Reserved(existing=existing)
 
     async def finish(
         self,

@@ -93,6 +93,40 @@ def _keep_pending(
     return message_id
 
 
+def put_locked(
+    state: State,
+    session_id: str,
+    key: str,
+    turn_id: str,
+    input_hash: str,
+    holder: str,
+    secondary_ttl: float,
+    primary_ttl: float,
+) -> Reservation | None:
+    """`put_if_absent` with the state lock held (the hot path's reserve shares it)."""
+    now = state.clock()
+    row = _live_reservation(state, session_id, key, now)
+    if row is not None and row.turn_id == turn_id and _held_by(row, holder):
+        return None
+    # FAILED is free for a new turn, never for its own (a rerun after it was declared
+    # lost must not bring it back).
+    if row is not None and (
+        row.state is not ReservationState.FAILED or row.turn_id == turn_id
+    ):
+        return _view(state, session_id, key, row, now)
+    state.reservations[(session_id, key)] = ReservationRow(
+        turn_id=turn_id,
+        input_hash=input_hash,
+        holder=holder,
+        incarnation=incarnation_of(state, holder, now),
+        state=ReservationState.IN_FLIGHT,
+        touched_at=now,
+        stale_at=now + secondary_ttl,
+        expires_at=now + primary_ttl,
+    )
+    return None
+
+
 class MemoryIdempotencyStore:
     """Reservations per (session, key) with holder, staleness deadline and encoded outcome."""
 
@@ -112,27 +146,9 @@ class MemoryIdempotencyStore:
         """Reserve the key unless an IN_FLIGHT or DONE reservation exists (then return it); the
         same call made again finds its own reservation and succeeds."""
         with self._link.open() as state:
-            now = state.clock()
-            row = _live_reservation(state, session_id, key, now)
-            if row is not None and row.turn_id == turn_id and _held_by(row, holder):
-                return None
-            # FAILED is free for a new turn, never for its own (a rerun after it was declared
-            # lost must not bring it back).
-            if row is not None and (
-                row.state is not ReservationState.FAILED or row.turn_id == turn_id
-            ):
-                return _view(state, session_id, key, row, now)
-            state.reservations[(session_id, key)] = ReservationRow(
-                turn_id=turn_id,
-                input_hash=input_hash,
-                holder=holder,
-                incarnation=incarnation_of(state, holder, now),
-                state=ReservationState.IN_FLIGHT,
-                touched_at=now,
-                stale_at=now + secondary_ttl,
-                expires_at=now + primary_ttl,
+            return put_locked(
+                state, session_id, key, turn_id, input_hash, holder, secondary_ttl, primary_ttl
             )
-            return None
 
     async def acquire_holder(
         self,

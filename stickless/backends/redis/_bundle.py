@@ -119,15 +119,14 @@ class RedisBackends:
             float(pool_options["socket_timeout"] or DEFAULT_SOCKET_TIMEOUT),
         )
         self.signals = self._signals
-        self.idempotency = RedisIdempotencyStore(
-            self.client, scripts, self.keys, retention.inbox_ttl
-        )
+        idempotency = RedisIdempotencyStore(self.client, scripts, self.keys, retention.inbox_ttl)
+        self.idempotency = idempotency
         self._event_log = RedisEventLog(
             self.client, scripts, self.keys, retention.event_log_max_len, retention.event_log_ttl
         )
         self.events = self._event_log
         self.dead_letters = RedisDeadLetterStore(self.client, scripts, self.keys)
-        self.hotpath = RedisHotPath(self.client, scripts, self.keys)
+        self.hotpath = RedisHotPath(idempotency)
 
     @classmethod
     def from_url(

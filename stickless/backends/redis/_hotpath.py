@@ -1,5 +1,5 @@
-"""The Redis hot path: each fused call of a turn is one script on the session's slot, with the
-cluster-wide index upkeep (which no slot script may touch) in the same pipeline."""
+"""The Redis hot path: each fused call of a turn is one script, its index upkeep included (the
+bundle needs one Redis server, not a Redis Cluster: see `_keys`)."""
 
 from __future__ import annotations
 
@@ -9,18 +9,45 @@ from ..base import (
     FencedOut,
     Finished,
     ReservationState,
+    Reserved,
     StagedCommit,
     check_letter,
     pack_letter,
 )
-from ._idempotency import _reservation
+from ._idempotency import RedisIdempotencyStore, _reservation
 from ._keys import reservation_member
 from ._role import _num, _Role, _text
-from ._scripts import Call, run_batch
 
 
 class RedisHotPath(_Role):
-    """`HotPath` over Redis: a turn's finish is one round trip (`turn_finish.lua`)."""
+    """`HotPath` over Redis: a submit's reserve (`idem_put.lua`) and a turn's finish
+    (`turn_finish.lua`) are one command each."""
+
+    def __init__(self, idempotency: RedisIdempotencyStore) -> None:
+        super().__init__(idempotency._client, idempotency._scripts, idempotency._keys)
+        self._idempotency = idempotency
+
+    async def reserve(
+        self,
+        session_id: str,
+        key: str,
+        turn_id: str,
+        input_hash: str,
+        holder: str,
+        agent_ref: str,
+        secondary_ttl: float,
+        primary_ttl: float,
+    ) -> Reserved:
+        """The binding check and the reservation in one script (see `HotPath.reserve`)."""
+        reply = await self._idempotency.put(
+            session_id, key, turn_id, input_hash, holder, secondary_ttl, primary_ttl, agent_ref
+        )
+        verdict = int(reply[0])
+        if verdict == 3:
+            return Reserved(bound=_text(reply[1]))
+        if verdict == 1:
+            return Reserved()
+        return Reserved(existing=_reservation(session_id, key, reply[1]))
 
     async def finish(
         self,
@@ -38,11 +65,12 @@ class RedisHotPath(_Role):
     ) -> Finished:
         """Record, acknowledge and announce in one script (see `HotPath.finish`).
 
-        One round trip: the stale- and holder-index removals (and a new letter's index entry)
-        ride in the script's pipeline; when the script refuses (the instance is someone else's
-        or already finished) the stale-index entry is put back as due, for the scan to verify.
-        The announcement is published by the script itself (PUBLISH runs inside a script), as
-        the very bytes the signal bus sends, so subscribers cannot tell the difference.
+        One round trip, one command: the script also drops the instance from the stale and
+        holder indexes (and adds a new letter's id to the dead-letter index); when it refuses
+        (the instance is someone else's or already finished) it makes the stale-index entry due
+        instead, for the scan to verify. The announcement is published by the script itself
+        (PUBLISH runs inside a script), as the very bytes the signal bus sends, so subscribers
+        cannot tell the difference.
         """
         state = ReservationState.DONE if outcome.final else ReservationState.FAILED
         keys = self._keys
@@ -52,53 +80,44 @@ class RedisHotPath(_Role):
             entries = commit.committed(outcome.turn_id)
             staged = [str(commit.token), *(pack(e.model_dump(mode="python")) for e in entries)]
         letter: list[str | bytes] = ["", ""]
-        calls = [
-            Call(None, ["ZREM", keys.stale_index, member]),
-            Call(None, ["SREM", keys.holder_reservations(holder), member]),
-        ]
         if dead_letter is not None:
             check_letter(dead_letter)
+            # (its index member at 0 is settled by the next listing: see RedisDeadLetterStore)
             letter = [dead_letter.letter_id, pack_letter(dead_letter)]
-            # (an index member at 0 is settled by the next listing: see RedisDeadLetterStore)
-            calls.append(Call(None, ["ZADD", keys.dead_index, "NX", "0", dead_letter.letter_id]))
         ack: list[str | bytes] = ["", ""] if pending is None else [str(pending[0]), pending[1]]
         publish: list[str | bytes] = ["", ""]
         if announce is not None:
             if announce.kind in EVENT_CHANNEL_KINDS:
                 raise ValueError(f"{announce.kind} signals do not go on the control channel")
             publish = [keys.control_channel, announce.encode()]
-        reply, *_ = await run_batch(
-            self._client,
-            [
-                Call(
-                    self._scripts.turn_finish,
-                    [
-                        keys.reservation(session_id, key),
-                        keys.record(session_id),
-                        keys.transcript(session_id),
-                        keys.dead_letters(session_id),
-                        *keys.pending(session_id),
-                    ],
-                    [
-                        holder,
-                        outcome.turn_id,
-                        state.value,
-                        outcome.encode(),
-                        _num(primary_ttl),
-                        "" if attempt is None else attempt,
-                        *letter,
-                        *ack,
-                        *publish,
-                        *staged,
-                    ],
-                ),
-                *calls,
+        reply = await self._scripts.turn_finish(
+            keys=[
+                keys.reservation(session_id, key),
+                keys.record(session_id),
+                keys.transcript(session_id),
+                keys.dead_letters(session_id),
+                *keys.pending(session_id),
+                keys.stale_index,
+                keys.holder_reservations(holder),
+                keys.dead_index,
+            ],
+            args=[
+                holder,
+                outcome.turn_id,
+                state.value,
+                outcome.encode(),
+                _num(primary_ttl),
+                "" if attempt is None else attempt,
+                *letter,
+                *ack,
+                *publish,
+                member,
+                *staged,
             ],
         )
         result = int(reply[0])
         if result == 1:
             return Finished(recorded=True)
-        await self._client.zadd(keys.stale_index, {member: 0})
         if result == 2:
             fence = _text(reply[1])
             if not fence:

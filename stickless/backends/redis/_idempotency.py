@@ -13,6 +13,7 @@ from ...wire import (
     unpack,
 )
 from ..base import (
+    HOLDER_INDEX_TTL,
     REJECTED,
     AttemptRecord,
     Reservation,
@@ -102,30 +103,48 @@ class RedisIdempotencyStore(_Role):
         secondary_ttl: float,
         primary_ttl: float,
     ) -> Reservation | None:
-        """Reserve the key unless an IN_FLIGHT or DONE reservation exists (then return it).
+        """Reserve the key unless an IN_FLIGHT or DONE reservation exists (then return it);
+        one script, its index entries included (see `put`)."""
+        reply = await self.put(
+            session_id, key, turn_id, input_hash, holder, secondary_ttl, primary_ttl, None
+        )
+        return None if int(reply[0]) == 1 else _reservation(session_id, key, reply[1])
 
-        One round trip: the index entries ride in the script's pipeline, written optimistically
-        with score 0 (due at once; the first scan verifies and rescores it to its real deadline,
-        and drops it when the script did not create this instance).
-        """
-        member = reservation_member(session_id, key, turn_id)
-        index = self._keys.holder_reservations(holder)
-        (created, detail), *_ = await run_batch(
-            self._client,
-            [
-                Call(
-                    self._scripts.idem_put,
-                    [self._keys.reservation(session_id, key)],
-                    [turn_id, input_hash, holder, _num(secondary_ttl), _num(primary_ttl)],
-                ),
-                Call(None, ["ZADD", self._keys.stale_index, "LT", "0", member]),
-                Call(None, ["SADD", index, member]),
-                *_keep_index(index),
+    async def put(
+        self,
+        session_id: str,
+        key: str,
+        turn_id: str,
+        input_hash: str,
+        holder: str,
+        secondary_ttl: float,
+        primary_ttl: float,
+        agent_ref: str | None,
+    ) -> list[Any]:
+        """The `idem_put` script's reply: the reservation made, or the one found, or (with
+        `agent_ref`) the other agent the session is bound to; one command. The index entries
+        are written in it when the reservation is this call's (the stale index's due at once:
+        the first scan verifies and rescores it)."""
+        keys = self._keys
+        reply: list[Any] = await self._scripts.idem_put(
+            keys=[
+                keys.reservation(session_id, key),
+                keys.record(session_id),
+                keys.stale_index,
+                keys.holder_reservations(holder),
+            ],
+            args=[
+                turn_id,
+                input_hash,
+                holder,
+                _num(secondary_ttl),
+                _num(primary_ttl),
+                reservation_member(session_id, key, turn_id),
+                _ms(HOLDER_INDEX_TTL),
+                agent_ref or "",
             ],
         )
-        if not int(created):
-            return _reservation(session_id, key, detail)
-        return None
+        return reply
 
     async def acquire_holder(
         self,

@@ -1,12 +1,29 @@
--- KEYS: reservation hash. ARGV: turn, input hash, holder, secondary ttl, primary ttl.
--- The reservation is held under the holder's live incarnation (none: it is stale at once).
+-- KEYS: reservation hash, record hash, the stale index, the holder's reservation index.
+-- ARGV: turn, input hash, holder, secondary ttl, primary ttl, the reservation's index member,
+-- ms the holder's index lives, agent ('' for no binding check).
+-- Reserves the key for the turn, held under the holder's live incarnation (none: it is stale at
+-- once), and indexes it (stale index due at once: the first scan verifies and rescores it;
+-- holder index); with an agent, only if the session is not bound to another one.
 -- Reply: {1, stale deadline} when reserved (or already reserved by this very call: a rerun
 -- after a lost reply finds its own reservation), {0, reservation} when another exists (not
--- FAILED, or FAILED for this very turn).
+-- FAILED, or FAILED for this very turn), {3, agent} when bound to another agent.
+local function indexed(stale)
+  redis.call('ZADD', KEYS[3], 'LT', 0, ARGV[6])
+  redis.call('SADD', KEYS[4], ARGV[6])
+  redis.call('PEXPIRE', KEYS[4], ARGV[7], 'NX')
+  redis.call('PEXPIRE', KEYS[4], ARGV[7], 'GT')
+  return {1, stale}
+end
+if ARGV[8] ~= '' then
+  local bound = redis.call('HGET', KEYS[2], 'agent')
+  if bound and bound ~= ARGV[8] then
+    return {3, bound}
+  end
+end
 local t = now()
 local r = load_reservation(KEYS[1], t)
 if r and r.turn == ARGV[1] and r.state == 'IN_FLIGHT' and r.holder == ARGV[3] then
-  return {1, r.stale}
+  return indexed(r.stale)
 end
 -- A FAILED one is free for a new turn, but not for its own: a rerun of this very call after
 -- the turn was declared lost in between must not bring the turn back to life.
@@ -20,4 +37,4 @@ redis.call('HSET', KEYS[1], 'turn', ARGV[1], 'hash', ARGV[2], 'holder', ARGV[3],
   'inc', redis.call('GET', live_key(ARGV[3])) or '', 'state', 'IN_FLIGHT', 'touched', fmt(t),
   'stale', stale, 'exp', fmt(exp_at))
 expire_at(KEYS[1], exp_at)
-return {1, stale}
+return indexed(stale)

@@ -1,10 +1,10 @@
 -- The finish of a turn (HotPath.finish).
 -- KEYS: reservation hash, record hash, transcript list, the session's dead-letter hash, pending
--- ids, pending entries.
+-- ids, pending entries, the stale index, the holder's reservation index, the dead-letter index.
 -- ARGV: holder, turn, state (DONE or FAILED), outcome, primary ttl, the attempt that answers
 -- ('' for a turn that never started), dead letter id ('' for none), packed letter, pending
--- token ('' for none), pending message id, channel ('' for no announcement), message, commit
--- token ('' for none), packed entries...
+-- token ('' for none), pending message id, channel ('' for no announcement), message, the
+-- reservation's index member, commit token ('' for none), packed entries...
 -- Records the outcome, appends the turn's entries under the token, keeps the dead letter,
 -- acknowledges the message's pending entry and publishes the announcement, in one step: only
 -- if the reservation is IN_FLIGHT for that turn, held by holder or nobody, and the token is not
@@ -15,6 +15,21 @@
 -- reservation; the reply is absent when there is none), {2, fence} fenced out.
 local t = now()
 local r = load_reservation(KEYS[1], t)
+-- Index upkeep, outside the session's slot (the bundle needs one Redis server: see _keys.py):
+-- a finished instance leaves the stale and holder indexes, a refused one is made due in the
+-- stale index for the scan to verify, a letter's id joins the dead-letter index (0: not
+-- settled yet).
+local function upkeep(recorded)
+  redis.call('SREM', KEYS[8], ARGV[13])
+  if recorded then
+    redis.call('ZREM', KEYS[7], ARGV[13])
+  else
+    redis.call('ZADD', KEYS[7], 0, ARGV[13])
+  end
+  if ARGV[7] ~= '' then
+    redis.call('ZADD', KEYS[9], 'NX', 0, ARGV[7])
+  end
+end
 local function ack()
   if ARGV[9] ~= '' then
     ack_pending(KEYS[5], KEYS[6], ARGV[9], ARGV[10])
@@ -23,13 +38,15 @@ end
 -- The same call run again (a retry after a lost reply) finds its own outcome: recorded.
 if r and r.turn == ARGV[2] and r.state ~= 'IN_FLIGHT' and r.outcome == ARGV[4] then
   ack()
+  upkeep(true)
   return {1}
 end
 -- A fenced-out commit is reported next: its holder has lost the session and must know (it
 -- acknowledges nothing: the turn is answered again, as lost, and acknowledged then).
-if ARGV[13] ~= '' then
+if ARGV[14] ~= '' then
   local fence = redis.call('HGET', KEYS[2], 'fence')
-  if not fence or tonumber(ARGV[13]) < tonumber(fence) then
+  if not fence or tonumber(ARGV[14]) < tonumber(fence) then
+    upkeep(false)
     return {2, fence or ''}
   end
 end
@@ -40,14 +57,15 @@ if not r or r.turn ~= ARGV[2] or r.state ~= 'IN_FLIGHT' or (r.holder and r.holde
   if not (r and r.turn == ARGV[2] and not r.outcome) then
     ack()
   end
+  upkeep(false)
   if r then
     return {0, reservation_reply(r, t)}
   end
   return {0}
 end
-if ARGV[13] ~= '' then
+if ARGV[14] ~= '' then
   local batch = 1000
-  for first = 14, #ARGV, batch do
+  for first = 15, #ARGV, batch do
     redis.call('RPUSH', KEYS[3], unpack(ARGV, first, math.min(first + batch - 1, #ARGV)))
   end
 end
@@ -59,6 +77,7 @@ if ARGV[7] ~= '' and redis.call('HEXISTS', KEYS[4], ARGV[7]) == 0 then
   redis.call('HSET', KEYS[4], ARGV[7], letter_stamp(ARGV[8], t))
 end
 ack()
+upkeep(true)
 if ARGV[11] ~= '' then
   redis.call('PUBLISH', ARGV[11], ARGV[12])
 end
