@@ -21,7 +21,7 @@ from ..base import (
     Takeover,
 )
 from ._keys import Keys, parse_reservation_member, reservation_member
-from ._role import _SCAN_BATCH, _SCAN_ROUNDS, _keep_index, _ms, _num, _Role, _text
+from ._role import _SCAN_BATCH, _SCAN_ROUNDS, _ms, _num, _Role, _text
 from ._scripts import Call, Scripts, run_batch
 
 logger = logging.getLogger(__name__)
@@ -161,26 +161,25 @@ class RedisIdempotencyStore(_Role):
         a stale holder's under `steal_below`); `wait` while it may be taken later; else
         REJECTED.
 
-        One round trip: the index entry is made due at once (the scan rescores it) in the
-        script's pipeline, with the holder-index add (dropped by `expire_holder` when the
-        take-over was refused). Its score always moves (`index_lower`): a sweep that read the
-        holderless reservation just before must not rescore the entry to the holderless
-        deadline afterwards, as it would were the score left at the 0 the reservation got when
-        it was made.
+        One command: the script also makes the index entry due at once and adds it to the
+        taker's index (see `idem_acquire.lua`).
         """
-        member = reservation_member(session_id, key, turn_id)
-        index = self._keys.holder_reservations(holder)
-        reply, *_ = await run_batch(
-            self._client,
-            [
-                Call(
-                    self._scripts.idem_acquire,
-                    [self._keys.reservation(session_id, key), self._keys.pending(session_id)[0]],
-                    [holder, _num(secondary_ttl), turn_id, message_id or "", steal_below],
-                ),
-                Call(self._scripts.index_lower, [self._keys.stale_index], [member]),
-                Call(None, ["SADD", index, member]),
-                *_keep_index(index),
+        keys = self._keys
+        reply = await self._scripts.idem_acquire(
+            keys=[
+                keys.reservation(session_id, key),
+                keys.pending(session_id)[0],
+                keys.stale_index,
+                keys.holder_reservations(holder),
+            ],
+            args=[
+                holder,
+                _num(secondary_ttl),
+                turn_id,
+                message_id or "",
+                steal_below,
+                reservation_member(session_id, key, turn_id),
+                _ms(HOLDER_INDEX_TTL),
             ],
         )
         if int(reply[0]):

@@ -69,7 +69,6 @@ class Scripts:
         self.index_due = load("index_due")
         self.index_rescore = load("index_rescore")
         self.index_drop = load("index_drop")
-        self.index_lower = load("index_lower")
         self.idem_put = load("idem_put")
         self.idem_acquire = load("idem_acquire")
         self.idem_release = load("idem_release")

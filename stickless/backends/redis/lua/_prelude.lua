@@ -213,3 +213,24 @@ local function ack_pending(ids, entries, token, id)
   end
   return 0
 end
+
+-- Make a member of an index due at once: its score goes below both 0 and the score it had (a
+-- missing member is added at -1). The score always changes, so a scan that read it before
+-- cannot rescore it afterwards (index_rescore compares the score it saw): a deadline that moved
+-- earlier meanwhile is never raised back to the later one the scan read. Returns the new score.
+local function lower_member(index, member)
+  local seen = redis.call('ZSCORE', index, member)
+  local low = -1
+  if seen and tonumber(seen) <= 0 then
+    low = tonumber(seen) - 1
+  end
+  redis.call('ZADD', index, low, member)
+  return tostring(low)
+end
+
+-- Add a member to a holder's index, kept alive `ms` from now (never shortened).
+local function hold_member(index, member, ms)
+  redis.call('SADD', index, member)
+  redis.call('PEXPIRE', index, ms, 'NX')
+  redis.call('PEXPIRE', index, ms, 'GT')
+end

@@ -9,9 +9,7 @@
 -- FAILED, or FAILED for this very turn), {3, agent} when bound to another agent.
 local function indexed(stale)
   redis.call('ZADD', KEYS[3], 'LT', 0, ARGV[6])
-  redis.call('SADD', KEYS[4], ARGV[6])
-  redis.call('PEXPIRE', KEYS[4], ARGV[7], 'NX')
-  redis.call('PEXPIRE', KEYS[4], ARGV[7], 'GT')
+  hold_member(KEYS[4], ARGV[6], ARGV[7])
   return {1, stale}
 end
 if ARGV[8] ~= '' then
