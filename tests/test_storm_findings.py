@@ -31,8 +31,7 @@ from stickless import (
     TurnResult,
 )
 from stickless.backends.base import ReservationState
-from stickless.backends.redis import RedisBackends
-from stickless.backends.redis import _idempotency as stores
+from stickless.backends.redis import RedisBackends, RedisIdempotencyStore
 from stickless.testing import LocalCluster
 from stickless.wire import Outcome
 
@@ -124,7 +123,7 @@ async def test_a_collect_whose_index_write_fails_loses_nothing(redis_url: str) -
 
 
 @pytest.mark.xfail(GHOST_RESERVATION_BUG, strict=True, reason="see GHOST_RESERVATION_BUG")
-@pytest.mark.parametrize("failing", ["delivery", "stale-index write"])
+@pytest.mark.parametrize("failing", ["delivery", "reserve reply"])
 async def test_a_refused_submit_leaves_its_key_free(
     redis_url: str, failing: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -139,18 +138,17 @@ async def test_a_refused_submit_leaves_its_key_free(
             monkeypatch.setattr(inbox, "deliver", unreachable)
             monkeypatch.setattr(idempotency, "discard_reservation", unreachable)
         else:
-            # Given B's reservation (script and index writes, one pipeline) is applied but its
+            # Given B's reservation (one script, its index writes inside) is applied but its
             # reply is lost
-            real_batch = stores.run_batch
+            assert isinstance(idempotency, RedisIdempotencyStore)
+            real_put = idempotency.put
 
-            async def batch(client: Any, calls: Any) -> Any:
-                replies = await real_batch(client, calls)
-                if any("ZADD" in call.keys and "c:k" in str(call.keys) for call in calls):
-                    monkeypatch.setattr(stores, "run_batch", real_batch)  # once
-                    raise connection_lost()
-                return replies
+            async def put_then_lose(*args: Any, **kwargs: Any) -> Any:
+                await real_put(*args, **kwargs)
+                monkeypatch.setattr(idempotency, "put", real_put)  # once
+                raise connection_lost()
 
-            monkeypatch.setattr(stores, "run_batch", batch)
+            monkeypatch.setattr(idempotency, "put", put_then_lose)
         with pytest.raises(BackendUnavailableError):
             await b.submit(repro_request("keyed", idempotency_key="k"))
         monkeypatch.undo()
@@ -420,20 +418,20 @@ async def test_a_submit_whose_reserve_is_rerun_after_its_turn_was_declared_lost_
     async with make_cluster(journal, nodes=2) as cluster:
         a, b = cluster.nodes
         await (await a.submit(req("s1", "first"))).result
-        idempotency = b.backends.idempotency
-        put_if_absent = idempotency.put_if_absent
+        idempotency, hotpath = b.backends.idempotency, b.backends.hotpath
+        reserve = hotpath.reserve
         lost = Outcome.failure("", FailureCode.HOLDER_LOST, "holder stopped answering")
 
         async def rerun_after_a_reset(*args: Any, **kwargs: Any) -> Any:
             # The reserve runs; its reply is lost while another node declares the turn lost;
             # the client sends the reserve again.
-            await put_if_absent(*args, **kwargs)
+            await reserve(*args, **kwargs)
             session_id, key, turn_id = args[:3]
             verdict = lost.model_copy(update={"turn_id": turn_id})
             assert await idempotency.compare_and_reset(session_id, key, args[4], verdict)
-            return await put_if_absent(*args, **kwargs)
+            return await reserve(*args, **kwargs)
 
-        monkeypatch.setattr(idempotency, "put_if_absent", rerun_after_a_reset)
+        monkeypatch.setattr(hotpath, "reserve", rerun_after_a_reset)
         # When B's submit goes through that
         disp = await b.submit(req("s1", "revived?", idempotency_key="k"))
         # Then its caller gets the recorded answer and the turn never runs

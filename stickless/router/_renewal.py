@@ -23,6 +23,10 @@ from ..backends.base import Backends, Lease
 
 log = logging.getLogger("stickless.renewal")
 
+#: How long (pauses x seconds) a revive waits for a registration the renewer thread has under way.
+_REVIVE_WAITS = 50
+_REVIVE_PAUSE = 0.02
+
 #: Called on the renewer thread for each lost lease; must not block (it only schedules work).
 LostCallback = Callable[[str, int], None]
 
@@ -179,8 +183,15 @@ class LeaseRenewer:
         """The store found this node's incarnation `epoch` dead (an acquire refused with
         `NotLive`): register a new one now, unless that incarnation was replaced already,
         instead of leaving the node unable to take anything until the renewer's next tick."""
-        if self.epoch == epoch:
-            await self.register(backends)
+        if self.epoch != epoch:
+            return
+        await self.register(backends)
+        # A registration already under way (the renewer thread's) is waited for, a little.
+        for _ in range(_REVIVE_WAITS):
+            with self._lock:
+                if self._incarnation or not self._registering:
+                    return
+            await asyncio.sleep(_REVIVE_PAUSE)
 
     def _abandon(self) -> None:
         """The incarnation is dead (or being replaced): lose every lease it held."""
