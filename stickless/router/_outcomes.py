@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from .._errors import BackendUnavailableError, FailureCode
+from .._errors import BackendUnavailableError, FailureCode, SticklessError
 from .._events import LATE_TERMINAL_SEQ, Event, Interrupted
 from ..actors import Later, PendingEntry, TurnWork
 from ..backends.base import (
@@ -388,14 +388,16 @@ class TurnOutcomes(RouterPart):
             return False
         (found,) = looked_up
         if found is not None and found.turn_id == turn_id and found.stale and not found.outcome:
-            # Its holder is dead (not yet swept): answer it here as the sweep would, so the
-            # answer found below decides what becomes of this copy (a dead letter, say).
-            await quiet(self.reset_stale(found))
-            looked_up = await self._patiently(lambda: idem.find(session_id, key))
-            if looked_up is None:  # undecided: it stays pending for a later holder
+            # Its holder is dead (not yet swept): decide it here as the sweep would (given back
+            # for the next attempt, or answered), then ask again: this copy then runs, or is
+            # kept as a dead letter, or is dropped, by that decision.
+            try:
+                await self.reset_stale(found)
+            except SticklessError as exc:  # undecided: it stays pending for a later holder
+                log.warning("reset of %s/%s failed: %s", session_id, key, exc)
                 self._tell_unknown(turn_id)
                 return False
-            (found,) = looked_up
+            return Later(0.0, held=False)
         if found is not None and found.turn_id == turn_id:
             if found.outcome is None:  # it started on another node: it ends there
                 await self.ack(session_id, work.pending)

@@ -181,10 +181,12 @@ class LeaseRenewer:
 
     async def revive(self, backends: Backends, epoch: int) -> None:
         """The store found this node's incarnation `epoch` dead (an acquire refused with
-        `NotLive`): register a new one now, unless that incarnation was replaced already,
-        instead of leaving the node unable to take anything until the renewer's next tick."""
-        if self.epoch != epoch:
-            return
+        `NotLive`): register a new one now (or wait for the one under way), unless that
+        incarnation was replaced already, instead of leaving the node unable to take anything
+        until the renewer's next tick."""
+        with self._lock:
+            if self._epoch != epoch and self._incarnation:
+                return  # replaced already
         await self.register(backends)
         # A registration already under way (the renewer thread's) is waited for, a little.
         for _ in range(_REVIVE_WAITS):
