@@ -45,6 +45,9 @@ class TurnWork:
     #: Whether this node holds the work's reservation: from the submit for work submitted here,
     #: from the take-over right before it starts for collected work.
     owned: bool = False
+    #: The incarnation (`LeaseRenewer.epoch`) of this node the reservation was made under, for
+    #: work submitted here (-1: none).
+    epoch: int = -1
     #: The attempt this work runs as (0: not started; set when it is taken over, 1 when its
     #: submitter runs it).
     attempt: int = 0

@@ -115,6 +115,7 @@ class Submitter(SessionPart):
         input_hash = req.input_hash()
         # The reservation is held under this node's incarnation: never under a dead one.
         await io(self._renewer.ensure_alive(self._backends))
+        epoch = self._renewer.epoch
         for _ in range(_RESERVE_ATTEMPTS):
             # One store call: the binding check (a request bound to fail reserves nothing) and
             # the reservation.
@@ -167,6 +168,7 @@ class Submitter(SessionPart):
         else:
             raise BackendUnavailableError(f"idempotency key of {session_id} keeps changing")
         work = TurnWork.from_request(req, turn_id, key, self._node_id)
+        work.epoch = epoch
         try:
             return await self._place(work, future)
         except BaseException:
@@ -272,6 +274,10 @@ class Submitter(SessionPart):
         session_id = work.session_id
         async with self._sessions.locks.hold(session_id):
             actor = self._sessions.get(session_id)
+            if self._renewer.epoch != work.epoch:
+                # Reserved under an incarnation of this node that has ended since: the turn is
+                # not this node's to run as it is; it is taken over (or found answered) first.
+                work.owned = False
             if actor is not None and actor.accepting and actor.lease is not None:
                 actor.enqueue(work)
                 self._metrics.emit("on_cache_hit", session_id)

@@ -473,3 +473,15 @@ async def test_acquire_holder_refuses_a_reservation_of_another_turn(backends: Ba
     assert stale == REJECTED
     fresh = await backends.idempotency.acquire_holder("s1", "k1", "t2", "node-b", LONG)
     assert fresh.won
+
+
+async def test_a_hold_of_an_ended_incarnation_is_not_the_holders_own(backends: Backends) -> None:
+    # Given node-a's reservation, then node-a's incarnation ends and it starts a new one
+    await _reserve(backends)
+    await kill(backends, "node-a")
+    await live(backends, "node-a")
+    # When node-a takes it over (a turn it reserved before a pause, placed after)
+    taken = await backends.idempotency.acquire_holder("s1", "k1", "t1", "node-a", LONG)
+    # Then that is not the same call made again: the dead hold is not node-a's to run
+    assert taken == REJECTED
+    assert (await _find(backends)).stale

@@ -170,7 +170,7 @@ class MemoryIdempotencyStore:
             if row is None or row.turn_id != turn_id:
                 return REJECTED
             lost, lost_by = 0, ""
-            if _held_by(row, holder):
+            if _held_by(row, holder) and not _is_stale(state, row, now):
                 return Takeover(attempt=max(row.attempt, 1))
             if _held_by(row, None):
                 if row.due_at > now:

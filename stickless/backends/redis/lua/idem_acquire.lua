@@ -18,7 +18,9 @@ local r = load_reservation(KEYS[1], t)
 if not r or r.state ~= 'IN_FLIGHT' or r.turn ~= ARGV[3] then
   return {0}
 end
-if r.holder == ARGV[1] then
+-- Held by this very holder: the same call made again, unless under an incarnation that ended
+-- (a turn reserved before a pause: its hold is a dead one, taken over like any other).
+if r.holder == ARGV[1] and holder_alive(r.holder, r.inc) then
   return {held_attempt(r), r.turn, r.stale, 0, ''}
 end
 local lost, lost_by = 0, ''
