@@ -154,17 +154,20 @@ class LeaseRenewer:
                     self._beat_sent = max(self._beat_sent, sent)
         return alive
 
-    async def register(self, backends: Backends) -> None:
+    async def register(self, backends: Backends, replacing: str | None = None) -> None:
         """Start a new incarnation over `backends`; every lease of the old one is lost first.
-        One registration at a time: a call while another is under way (the renewer thread and
-        a claim that found the incarnation dead) returns at once.
+        `replacing` names the incarnation found dead: when another registration has replaced
+        it already (the renewer thread and a claim both found it dead), nothing is done; so is
+        a call while another registration is under way.
 
         Raises:
             BackendUnavailableError: the store could not be reached (the node then holds
                 nothing until a later registration succeeds).
         """
         with self._lock:
-            if self._registering:
+            if self._registering or (
+                replacing is not None and self._incarnation not in ("", replacing)
+            ):
                 return
             self._registering = True
         try:
@@ -187,7 +190,8 @@ class LeaseRenewer:
         with self._lock:
             if self._epoch != epoch and self._incarnation:
                 return  # replaced already
-        await self.register(backends)
+            dead = self._incarnation if self._epoch == epoch else None
+        await self.register(backends, replacing=dead)
         # A registration already under way (the renewer thread's) is waited for, a little.
         for _ in range(_REVIVE_WAITS):
             with self._lock:
@@ -292,6 +296,7 @@ class LeaseRenewer:
             await self.register(self._backends)
             self.ticks += 1
             return
+        renewed = self.incarnation
         sent = time.monotonic()
         try:
             alive = await self.confirm(self._backends)
@@ -300,10 +305,9 @@ class LeaseRenewer:
             with self._lock:
                 # Past a whole TTL without a successful renewal the incarnation is surely gone.
                 alive = sent - self._beat_sent <= self._lease_ttl
-        if not alive:
+        if not alive and self.incarnation == renewed:
             log.warning("node %s lost its liveness: its leases are gone", self._node_id)
-            self._abandon()
-            await self.register(self._backends)
+            await self.register(self._backends, replacing=renewed)
         self.ticks += 1
 
 
