@@ -230,9 +230,11 @@ class SessionActor:
     async def _loop(self) -> None:
         try:
             while self.accepting and self.lease is not None:
-                if self._mailbox or self._rung:
-                    # Always collect before a turn (orphans of an earlier holder, messages
-                    # whose doorbell this node missed); nothing to run and no doorbell: done.
+                quiet = not self._collect_in_doubt and self._mailbox.quiet_head()
+                if self._rung or (self._mailbox and not quiet):
+                    # Collect before a turn (orphans of an earlier holder, messages whose
+                    # doorbell this node missed) unless its reserve saw nothing waiting;
+                    # nothing to run and no doorbell: done.
                     self._rung = False
                     self._collecting = True
                     try:

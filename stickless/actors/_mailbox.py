@@ -42,6 +42,11 @@ class Mailbox:
         """The next turn to run. Raises: IndexError when empty."""
         return heapq.heappop(self._heap)[1]
 
+    def quiet_head(self) -> bool:
+        """Whether the next turn was reserved when nothing waited in the session's inbox (so
+        no collect needs to go before it, unless the doorbell rang since)."""
+        return bool(self._heap) and self._heap[0][1].inbox_quiet
+
     def take(self, turn_id: str) -> TurnWork | None:
         """Take a queued turn out by id (it will not run); None when it is not queued here."""
         for index, (_, work) in enumerate(self._heap):

@@ -48,6 +48,9 @@ class TurnWork:
     #: The incarnation (`LeaseRenewer.epoch`) of this node the reservation was made under, for
     #: work submitted here (-1: none).
     epoch: int = -1
+    #: Submitted here when the session's inbox held nothing and nothing was pending under an
+    #: older lease (read by the reserve itself): its turn needs no collect before it.
+    inbox_quiet: bool = False
     #: The attempt this work runs as (0: not started; set when it is taken over, 1 when its
     #: submitter runs it).
     attempt: int = 0

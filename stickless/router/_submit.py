@@ -168,7 +168,7 @@ class Submitter(SessionPart):
         else:
             raise BackendUnavailableError(f"idempotency key of {session_id} keeps changing")
         work = TurnWork.from_request(req, turn_id, key, self._node_id)
-        work.epoch = epoch
+        work.epoch, work.inbox_quiet = epoch, reserved.quiet
         try:
             return await self._place(work, future)
         except BaseException:

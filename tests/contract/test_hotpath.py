@@ -10,6 +10,7 @@ from stickless.backends.base import (
     Backends,
     FencedOut,
     Finished,
+    Lease,
     ReservationState,
     Reserved,
     StagedCommit,
@@ -214,8 +215,8 @@ async def test_reserve_refuses_a_session_bound_to_another_agent_writing_nothing(
     assert refused == Reserved(bound="agent-a")
     assert await backends.idempotency.find("s1", "k1") is None
     # ...while one for the bound agent reserves, and a rerun of it finds its own reservation
-    assert await _reserve_as(backends, "agent-a") == Reserved()
-    assert await _reserve_as(backends, "agent-a") == Reserved()
+    assert await _reserve_as(backends, "agent-a") == Reserved(quiet=True)
+    assert await _reserve_as(backends, "agent-a") == Reserved(quiet=True)
     found = await _find(backends)
     assert (found.turn_id, found.holder) == ("t1", "node-a")
     assert found.state is ReservationState.IN_FLIGHT
@@ -223,9 +224,37 @@ async def test_reserve_refuses_a_session_bound_to_another_agent_writing_nothing(
 
 async def test_reserve_of_an_unbound_session_returns_what_exists(backends: Backends) -> None:
     # Given an unbound session whose key is reserved by another turn
-    assert await _reserve_as(backends, "agent-a") == Reserved()
+    assert await _reserve_as(backends, "agent-a") == Reserved(quiet=True)
     # When another turn reserves the same key
     other = await _reserve_as(backends, "agent-a", turn_id="t2")
     # Then it gets the existing reservation back
     assert other.bound is None and other.existing is not None
     assert other.existing.turn_id == "t1"
+
+
+async def test_reserve_tells_whether_anything_waits_in_the_inbox(backends: Backends) -> None:
+    # Given a session with nothing queued: its reserve is quiet
+    await backends.liveness.register("node-x", "inc-x", LONG)
+    first = await backends.leases.acquire("s1", "node-x")
+    assert (await _reserve_as(backends, "agent-a", turn_id="t1")).quiet
+    # When a message waits in the inbox, the next reserve is not
+    await backends.inbox.deliver(_envelope("t9"))
+    found = await backends.hotpath.reserve(
+        "s1", "k2", "t2", "hash-t2", "node-a", "agent-a", LONG, DAY
+    )
+    assert not found.quiet
+    # When it was collected under the current lease, the reserve is quiet again...
+    assert isinstance(first, Lease)
+    await backends.inbox.collect("s1", Priority.LATER, first.token)
+    again = await backends.hotpath.reserve(
+        "s1", "k3", "t3", "hash-t3", "node-a", "agent-a", LONG, DAY
+    )
+    assert again.quiet
+    # ...but not once the lease has changed hands (it is pending under an older one)
+    await backends.liveness.retire("node-x")
+    await backends.liveness.register("node-y", "inc-y", LONG)
+    assert isinstance(await backends.leases.acquire("s1", "node-y"), Lease)
+    later = await backends.hotpath.reserve(
+        "s1", "k4", "t4", "hash-t4", "node-a", "agent-a", LONG, DAY
+    )
+    assert not later.quiet

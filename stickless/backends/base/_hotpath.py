@@ -28,6 +28,9 @@ class Reserved:
 
     bound: str | None = None
     existing: Reservation | None = None
+    #: Made while the session's inbox held nothing and nothing was pending under a lease
+    #: older than the current one (no collect needs to go before this turn on its holder).
+    quiet: bool = False
 
 
 class HotPath(Protocol):
@@ -45,7 +48,8 @@ class HotPath(Protocol):
         primary_ttl: float,
     ) -> Reserved:
         """Start a submit in one atomic step: refuse it when the session is bound to another
-        agent than `agent_ref` (nothing written), else `IdempotencyStore.put_if_absent`."""
+        agent than `agent_ref` (nothing written), else `IdempotencyStore.put_if_absent`, telling
+        whether anything waited in the session's inbox then (`Reserved.quiet`)."""
         ...
 
     async def finish(

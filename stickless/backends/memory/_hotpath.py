@@ -9,6 +9,18 @@ from ._idempotency import _held_by, _live_reservation, _view, put_locked
 from ._inbox import ack_locked
 from ._shared import Link, ReservationRow, State
 from ._signals import fan_out_locked
+from ._stores import live_lease
+
+
+def _quiet(state: State, session_id: str, now: float) -> bool:
+    """Whether nothing waits in the session's inbox and nothing is pending under a lease older
+    than the current one (what the Redis reserve checks)."""
+    if any(state.inbox.get(session_id, {}).values()):
+        return False
+    lease = live_lease(state, session_id, now)
+    current = lease.token if lease is not None else None
+    pending = state.pending.get(session_id, {})
+    return not any(rows and (current is None or token < current) for token, rows in pending.items())
 
 
 class MemoryHotPath:
@@ -36,7 +48,9 @@ class MemoryHotPath:
             existing = put_locked(
                 state, session_id, key, turn_id, input_hash, holder, secondary_ttl, primary_ttl
             )
-            return Reserved(existing=existing)
+            if existing is not None:
+                return Reserved(existing=existing)
+            return Reserved(quiet=_quiet(state, session_id, state.clock()))
 
     async def finish(
         self,

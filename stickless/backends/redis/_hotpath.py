@@ -46,7 +46,7 @@ class RedisHotPath(_Role):
         if verdict == 3:
             return Reserved(bound=_text(reply[1]))
         if verdict == 1:
-            return Reserved()
+            return Reserved(quiet=bool(int(reply[2])))
         return Reserved(existing=_reservation(session_id, key, reply[1]))
 
     async def finish(

@@ -121,8 +121,9 @@ class RedisIdempotencyStore(_Role):
         primary_ttl: float,
         agent_ref: str | None,
     ) -> list[Any]:
-        """The `idem_put` script's reply: the reservation made, or the one found, or (with
-        `agent_ref`) the other agent the session is bound to; one command. The index entries
+        """The `idem_put` script's reply: the reservation made (and whether the inbox was quiet),
+        or the one found, or (with `agent_ref`) the other agent the session is bound to; one
+        command. The index entries
         are written in it when the reservation is this call's (the stale index's due at once:
         the first scan verifies and rescores it)."""
         keys = self._keys
@@ -132,6 +133,9 @@ class RedisIdempotencyStore(_Role):
                 keys.record(session_id),
                 keys.stale_index,
                 keys.holder_reservations(holder),
+                *keys.inbox(session_id),
+                keys.pending(session_id)[0],
+                keys.lease(session_id),
             ],
             args=[
                 turn_id,

@@ -1,16 +1,35 @@
--- KEYS: reservation hash, record hash, the stale index, the holder's reservation index.
+-- KEYS: reservation hash, record hash, the stale index, the holder's reservation index, the
+-- session's three inbox tiers, its pending ids, its lease hash.
 -- ARGV: turn, input hash, holder, secondary ttl, primary ttl, the reservation's index member,
 -- ms the holder's index lives, agent ('' for no binding check).
 -- Reserves the key for the turn, held under the holder's live incarnation (none: it is stale at
 -- once), and indexes it (stale index due at once: the first scan verifies and rescores it;
 -- holder index); with an agent, only if the session is not bound to another one.
--- Reply: {1, stale deadline} when reserved (or already reserved by this very call: a rerun
--- after a lost reply finds its own reservation), {0, reservation} when another exists (not
--- FAILED, or FAILED for this very turn), {3, agent} when bound to another agent.
+-- Reply: {1, stale deadline, quiet} when reserved (or already reserved by this very call: a
+-- rerun after a lost reply finds its own reservation), quiet 1 when the inbox held nothing and
+-- nothing was pending under a lease older than the current one; {0, reservation} when another
+-- exists (not FAILED, or FAILED for this very turn), {3, agent} when bound to another agent.
+local function quiet()
+  for i = 5, 7 do
+    if redis.call('EXISTS', KEYS[i]) == 1 then
+      return 0
+    end
+  end
+  local token = redis.call('HGET', KEYS[9], 'token')
+  if token then
+    token = '(' .. token
+  else
+    token = '+inf'
+  end
+  if #redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', token, 'LIMIT', 0, 1) > 0 then
+    return 0
+  end
+  return 1
+end
 local function indexed(stale)
   redis.call('ZADD', KEYS[3], 'LT', 0, ARGV[6])
   hold_member(KEYS[4], ARGV[6], ARGV[7])
-  return {1, stale}
+  return {1, stale, quiet()}
 end
 if ARGV[8] ~= '' then
   local bound = redis.call('HGET', KEYS[2], 'agent')
