@@ -173,43 +173,61 @@ class Sweeps(SessionPart):
 
     async def _holder_loss_sweep_loop(self) -> None:
         while await self._bg.pause(self._config.holder_loss_sweep_interval):
-            await self.sweep_dead_holders()
             await self.sweep_holder_loss()
             await self._scan_orphans()
 
-    async def sweep_dead_holders(self) -> None:
-        """Clean up after every holder whose incarnation ended: its turns are answered (or run
-        again), its queued sessions taken, its index dropped. Every node sweeps; each reset
-        has one winner."""
+    async def sweep_holder_loss(self) -> None:
+        """Clean up after every holder whose incarnation ended (its reservations made due),
+        reset stale IN_FLIGHT reservations in one scan (each reset's one winner announces it:
+        turns answered or given back to run again), then drop the dead holders' leases and take
+        their sessions with queued work. Every node sweeps."""
         try:
             dead = await self._backends.liveness.dead_holders(limit=_DEAD_HOLDERS_PER_SWEEP)
         except Exception as exc:
             log.warning("dead-holder sweep failed: %s", exc)
-            return
+            dead = []
+        due: list[str] = []
         for holder in dead:
             try:
-                await self.bury_holder(holder)
+                await self._backends.idempotency.expire_holder(holder)
+            except Exception as exc:
+                log.warning("cleaning up after %s failed: %s", holder, exc)
+            else:
+                due.append(holder)
+        await self._reset_stale()
+        for holder in due:
+            try:
+                await self._release_dead(holder)
                 await self._backends.liveness.forget(holder)
             except Exception as exc:
                 log.warning("cleaning up after %s failed: %s", holder, exc)
 
     async def bury_holder(self, holder: str) -> list[str]:
-        """A dead incarnation of `holder`: make its reservations due, answer them (or give them
-        back to run again), drop its leases and drain their sessions' queued work; the
-        sessions whose leases were dropped.
+        """A dead incarnation of `holder` (known at once, e.g. under Ray): make its reservations
+        due, answer them (or give them back to run again), drop its leases and drain their
+        sessions' queued work; the sessions whose leases were dropped.
 
         Raises:
             BackendUnavailableError: the backends could not be reached.
         """
         await io(self._backends.idempotency.expire_holder(holder))
-        await self.sweep_holder_loss()
+        await self._reset_stale()
+        return await self._release_dead(holder)
+
+    async def _release_dead(self, holder: str) -> list[str]:
+        """Drop the leases a dead incarnation of `holder` left and take their sessions that
+        have queued work; those sessions.
+
+        Raises:
+            BackendUnavailableError: the backends could not be reached.
+        """
         sessions = await io(self._backends.leases.revoke_holder(holder))
         for session_id in sessions:
             if await quiet(self._backends.inbox.is_empty(session_id)) is False:
                 await self._sessions.claim_and_drain(session_id)
         return sessions
 
-    async def sweep_holder_loss(self) -> None:
+    async def _reset_stale(self) -> None:
         """Reset stale IN_FLIGHT reservations; each reset's one winner announces it."""
         try:
             stale = await self._backends.idempotency.find_stale_in_flight(limit=256)
