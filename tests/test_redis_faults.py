@@ -4,56 +4,23 @@ runs at most once, a turn commits at most once, and a failure answer means nothi
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import pytest
 
 from stickless import (
     BackendUnavailableError,
-    DeploymentMode,
     FailureCode,
-    RouterConfig,
     SessionRouter,
     SubmitDisposition,
     SubmitKind,
     TurnFailedError,
 )
 from stickless.backends.base import FencedOut
-from stickless.backends.redis import RedisBackends
 
-from .agents import Journal, ScriptedOpener, req, wait_until
-from .conftest import FAST
+from .agents import Journal, req, wait_until
 from .faults import FaultProxy
 from .faults.fixtures import fault_proxy_fixture  # noqa: F401  (fixture `fault_proxy`)
-
-Start = Callable[..., Any]
-
-
-@pytest.fixture
-async def start(redis_url: str, journal: Journal) -> AsyncIterator[Start]:
-    """`await start(url, **overrides)`: a started router over Redis at `url` (shared namespace),
-    each with its own connections; all closed after the test."""
-    namespace = f"f{uuid.uuid4().hex[:8]}"
-    routers: list[SessionRouter] = []
-
-    async def make(url: str, **overrides: Any) -> SessionRouter:
-        config = RouterConfig(
-            node_id=f"n{len(routers)}", mode=DeploymentMode.DISTRIBUTED, **{**FAST, **overrides}
-        )
-        backends = RedisBackends.from_url(url, namespace=namespace)
-        router = SessionRouter.build(
-            config=config, opener=ScriptedOpener(journal), backends=backends
-        )
-        await router.start()
-        routers.append(router)
-        return router
-
-    yield make
-    for router in routers:
-        await router.aclose(grace=0.5)
-        await router.backends.aclose()
+from .redis_routers import Start, start_fixture  # noqa: F401  (fixture `start`)
 
 
 async def _entries(router: SessionRouter, session_id: str) -> list[str]:

@@ -8,49 +8,24 @@ import asyncio
 import contextlib
 import hashlib
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 import redis.asyncio
 
-from stickless import DeploymentMode, RouterConfig, SessionRouter
+from stickless import SessionRouter
 from stickless.backends.redis import RedisBackends
 from stickless.backends.redis._scripts import source
 from stickless.wire import Signal, SignalKind, TurnResultPayload
 
-from .agents import Journal, ScriptedOpener, req
-from .conftest import FAST
+from .agents import Journal, req
 from .faults import FaultProxy
 from .faults.fixtures import fault_proxy_fixture  # noqa: F401  (fixture `fault_proxy`)
-
-Start = Callable[..., Any]
+from .redis_routers import Start, start_fixture  # noqa: F401  (fixture `start`)
 
 
 def _sha(script: str) -> str:
     return hashlib.sha1(source(script).encode("utf-8")).hexdigest()
-
-
-@pytest.fixture
-async def start(journal: Journal) -> AsyncIterator[Start]:
-    """`await start(url)`: a started router over Redis at `url` (one namespace for all)."""
-    namespace = f"fin{uuid.uuid4().hex[:8]}"
-    routers: list[SessionRouter] = []
-
-    async def make(url: str) -> SessionRouter:
-        config = RouterConfig(node_id=f"n{len(routers)}", mode=DeploymentMode.DISTRIBUTED, **FAST)
-        backends = RedisBackends.from_url(url, namespace=namespace)
-        router = SessionRouter.build(
-            config=config, opener=ScriptedOpener(journal), backends=backends
-        )
-        await router.start()
-        routers.append(router)
-        return router
-
-    yield make
-    for router in routers:
-        await router.aclose(grace=0.5)
-        await router.backends.aclose()
 
 
 def _bundle(router: SessionRouter) -> RedisBackends:
