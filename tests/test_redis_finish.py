@@ -18,7 +18,7 @@ from stickless.backends.redis import RedisBackends
 from stickless.backends.redis._scripts import source
 from stickless.wire import Signal, SignalKind, TurnResultPayload
 
-from .agents import Journal, req
+from .agents import Journal, req, wait_until
 from .faults import FaultProxy
 from .faults.fixtures import fault_proxy_fixture  # noqa: F401  (fixture `fault_proxy`)
 from .redis_routers import Start, start_fixture  # noqa: F401  (fixture `start`)
@@ -151,6 +151,10 @@ async def test_a_finish_whose_reply_is_lost_commits_acknowledges_and_announces_o
         # once, its one outcome is recorded, its message acknowledged and its TURN_RESULT sent
         # once
         assert result.text == "echo:once" and result.executed_by == holder.node_id
+        # (the caller may hear the TURN_RESULT the script published before the proxy has cut
+        # its reply and redis-py has sent the script again: both are awaited)
+        await cut.wait_fired()
+        await wait_until(lambda: fault_proxy.script_runs()["turn_finish"] >= 2)
         assert cut.count == 1 and fault_proxy.script_runs()["turn_finish"] >= 2
         record = await submitter.backends.records.load("s1")
         assert record is not None
