@@ -11,8 +11,10 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from redis.asyncio.client import PubSub
 from redis.crc import key_slot
 from redis.exceptions import RedisError
 
@@ -355,6 +357,27 @@ async def test_pubsub_reconnects_and_resubscribes_after_client_kill(
     await bundle.signals.publish_many(batch)
     assert [await control.next() for _ in batch] == batch
     assert "reconnecting" in caplog.text
+
+
+async def test_close_stops_a_reader_whose_read_swallowed_the_cancel(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a subscribed bus whose reads swallow a cancel, as redis-py's read timeout does when
+    # the cancel lands as the timeout fires (the read returns None instead of raising)
+    monkeypatch.setattr("stickless.backends.redis._signals._POLL", 0.1)
+    original = PubSub.get_message
+
+    async def swallowing(self: PubSub, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await original(self, *args, **kwargs)
+        except asyncio.CancelledError:
+            return None
+
+    monkeypatch.setattr(PubSub, "get_message", swallowing)
+    backends = RedisBackends.from_url(redis_url, namespace=NS)
+    await backends.signals.subscribe(_Recorder())
+    # When the bundle closes, then it returns (the reader stops on the closed flag)
+    await asyncio.wait_for(backends.aclose(), 10)
 
 
 async def test_garbage_and_oversized_pubsub_messages_are_dropped(

@@ -269,7 +269,7 @@ class RedisSignalBus:
         """Own the pub/sub connection: (re)connect with backoff, resubscribe, dispatch."""
         delay = _BACKOFF_MIN
         failures = 0
-        while True:
+        while not self._closed:
             self._wake.clear()
             pubsub = self._pubsub_client.pubsub()
             try:
@@ -310,7 +310,9 @@ class RedisSignalBus:
         loop = asyncio.get_running_loop()
         heard_at = loop.time()
         pinged_at: float | None = None
-        while True:
+        # A cancel that lands as redis-py's read timeout fires can be swallowed by it (the read
+        # then returns None), so the loop also stops on the closed flag.
+        while not self._closed:
             message = await pubsub.get_message(timeout=_POLL)
             now = loop.time()
             if message is None:
@@ -360,9 +362,9 @@ class RedisSignalBus:
         """Stop the reader and every subscription of this bus."""
         self._closed = True
         reader, self._reader = self._reader, None
-        if reader is not None:
-            reader.cancel()
-            await asyncio.wait([reader])
+        while reader is not None and not reader.done():
+            reader.cancel()  # again if a read swallowed it; the closed flag ends the loop anyway
+            await asyncio.wait([reader], timeout=_POLL)
         for waiters in self._waiters.values():
             for waiter in waiters:
                 if not waiter.done():
