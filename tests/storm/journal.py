@@ -41,6 +41,9 @@ class Journal:
         self.injections: list[Injection] = []
         #: Turns running right now, per session.
         self.running: Counter[str] = Counter()
+        #: Set while no turn runs anywhere.
+        self.idle = asyncio.Event()
+        self.idle.set()
 
     def tick(self) -> int:
         return next(self._clock)
@@ -52,11 +55,14 @@ class Journal:
         )
         self.executions.append(execution)
         self.running[turn.session_id] += 1
+        self.idle.clear()
         return execution
 
     def end(self, execution: Execution, how: str) -> None:
         execution.end, execution.how = self.tick(), how
         self.running[execution.session_id] -= 1
+        if not any(self.running.values()):
+            self.idle.set()
 
 
 class JournalAgent:
