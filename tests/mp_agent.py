@@ -58,16 +58,17 @@ LOG_RETRY_FOR = 20.0
 #: Poll period of gates and wedges.
 POLL = 0.02
 
-#: Appends "<prefix>|<server time>|<text>" to the list once per write id (a write retried after
-#: its reply was lost in a server restart is not logged twice); returns the stamp.
+#: Appends "<prefix>|<stamp>|<text>" to the list once per write id (a write retried after its
+#: reply was lost in a server restart is not logged twice); returns the stamp. The stamp is the
+#: agent's wall clock when it asked for the write (the server's clock, on this one machine): a
+#: process stopped before its write reached the server would otherwise log its start late, as if
+#: it began after what ran meanwhile on other nodes.
 _LOG_SCRIPT = """
 if redis.call('SADD', KEYS[2], ARGV[3]) == 0 then
   return false
 end
-local t = redis.call('TIME')
-local stamp = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
-redis.call('RPUSH', KEYS[1], ARGV[1] .. '|' .. stamp .. '|' .. ARGV[2])
-return stamp
+redis.call('RPUSH', KEYS[1], ARGV[1] .. '|' .. ARGV[4] .. '|' .. ARGV[2])
+return ARGV[4]
 """
 
 
@@ -115,7 +116,7 @@ class TurnLog:
     ) -> tuple[str, list[str], list[str]]:
         prefix = f"{ev}|{turn.turn_id}|{self.node_id}|{how}"
         keys = [log_key(turn.session_id), _written_key(turn.session_id)]
-        return _LOG_SCRIPT, keys, [prefix, text, f"{ev}|{run}"]
+        return _LOG_SCRIPT, keys, [prefix, text, f"{ev}|{run}", f"{time.time():.6f}"]
 
     async def write(self, ev: str, run: str, turn: TurnContext, how: str, text: str) -> None:
         """Append one entry of the agent run `run`, retrying while Redis is unreachable."""
