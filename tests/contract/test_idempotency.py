@@ -463,6 +463,24 @@ async def test_discard_reservation_only_in_flight_for_that_turn(backends: Backen
     assert (await _find(backends, "done")).state is ReservationState.DONE
 
 
+async def test_discard_spares_a_reservation_a_holder_took_over(backends: Backends) -> None:
+    # Given a submitter's reservation made holderless (its message queued), then taken over by
+    # the holder that collected the message, and another one still holderless
+    await _reserve(backends)
+    await _reserve(backends, "queued", turn_id="t2")
+    for key in ("k1", "queued"):
+        assert await backends.idempotency.release_holder("s1", key, "node-a", LONG)
+    await live(backends, "node-b")
+    assert (await backends.idempotency.acquire_holder("s1", "k1", "t1", "node-b", LONG)).won
+    # When the submitter discards both (its submit failed with the outcome unknown)
+    taken = await backends.idempotency.discard_reservation("s1", "k1", "t1")
+    queued = await backends.idempotency.discard_reservation("s1", "queued", "t2")
+    # Then the one a holder may be running stays (a retry follows it), the untaken one goes
+    assert (taken, queued) == (False, True)
+    assert (await _find(backends)).holder == "node-b"
+    assert await backends.idempotency.find("s1", "queued") is None
+
+
 async def test_acquire_holder_refuses_a_reservation_of_another_turn(backends: Backends) -> None:
     # Given a holderless reservation made for turn t2 (a newer attempt with the same key)
     await _reserve(backends, "k1", turn_id="t2")

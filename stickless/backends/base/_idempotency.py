@@ -190,7 +190,9 @@ class IdempotencyStore(Protocol):
         ...
 
     async def discard_reservation(self, session_id: str, key: str, turn_id: str) -> bool:
-        """Remove an IN_FLIGHT reservation made for `turn_id` (bad input, unreadable entry)."""
+        """Remove an IN_FLIGHT reservation made for `turn_id` that no holder has taken over (no
+        attempt and no history: a refused submit, an unreadable entry); one a holder took is
+        kept, since a retry of the refused submit would otherwise run its turn again."""
         ...
 
     async def find_stale_in_flight(self, limit: int) -> list[Reservation]:

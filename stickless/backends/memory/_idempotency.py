@@ -317,11 +317,13 @@ class MemoryIdempotencyStore:
             return True
 
     async def discard_reservation(self, session_id: str, key: str, turn_id: str) -> bool:
-        """Delete an IN_FLIGHT reservation made for `turn_id`."""
+        """Delete an IN_FLIGHT reservation made for `turn_id` that no holder took over."""
         with self._link.open() as state:
             row = _live_reservation(state, session_id, key, state.clock())
             if row is None or row.state is not ReservationState.IN_FLIGHT or row.turn_id != turn_id:
                 return False
+            if row.attempt > 0 or row.history:
+                return False  # a holder may be running it: a retry must follow it, not rerun it
             del state.reservations[(session_id, key)]
             return True
 

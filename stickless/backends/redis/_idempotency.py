@@ -340,7 +340,7 @@ class RedisIdempotencyStore(_Role):
         return True
 
     async def discard_reservation(self, session_id: str, key: str, turn_id: str) -> bool:
-        """Delete an IN_FLIGHT reservation made for `turn_id`."""
+        """Delete an IN_FLIGHT reservation made for `turn_id` that no holder took over."""
         reply = await self._scripts.idem_discard(
             keys=[self._keys.reservation(session_id, key)], args=[turn_id]
         )
