@@ -36,9 +36,9 @@ async def test_a_delivery_retried_after_a_lost_reply_runs_once(
     gate = journal.gate("busy")
     busy = await holder.submit(req("s1", "busy"))
     await journal.entered["busy"].wait()
-    # Given the submitter's connection is cut right after the server ran its inbox delivery
-    # (redis-py sends it again), while the holder is busy (both copies wait in one batch)
-    cut = fault_proxy.cut_after(script="inbox_deliver")
+    # Given the submitter's connection is cut right after the server ran its reserve, which
+    # queued the message for the holder (redis-py sends it again), while the holder is busy
+    cut = fault_proxy.cut_after(script="idem_put")
     disposition = await submitter.submit(req("s1", "once", idempotency_key="k"))
     await cut.wait_fired()
     gate.set()
@@ -183,10 +183,10 @@ async def test_a_delivery_whose_outcome_is_unknown_is_not_refused_if_it_may_run(
     holder = await start(redis_url)
     submitter = await start(fault_proxy.url())
     await (await holder.submit(req("s1", "warm up"))).result
-    # Given the submitter's delivery runs on the server, and both its reply and redis-py's
-    # retry are cut (the submitter cannot tell whether the message is queued), and so is
-    # every attempt at taking its reservation back
-    first = fault_proxy.cut_after(script="inbox_deliver", times=2)
+    # Given the submitter's reserve (which queues the message for the holder) runs on the
+    # server, and both its reply and redis-py's retry are cut (the submitter cannot tell
+    # whether the message is queued), and so is every attempt at deleting its reservation
+    first = fault_proxy.cut_after(script="idem_put", times=2)
     fault_proxy.cut_before(script="idem_discard", times=1000)
     disposition_or_error: object
     try:

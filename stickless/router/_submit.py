@@ -20,7 +20,14 @@ from .._errors import (
 )
 from .._types import SubmitRequest, TurnResult, invalid_request
 from ..actors import SessionActor, TurnWork
-from ..backends.base import FencedOut, HeldElsewhere, Reservation, ReservationState
+from ..backends.base import (
+    FencedOut,
+    Forwarded,
+    Forwarding,
+    HeldElsewhere,
+    Reservation,
+    ReservationState,
+)
 from ..wire import Outcome
 from ._api import SubmitDisposition, SubmitKind
 from ._background import io, quiet
@@ -116,6 +123,13 @@ class Submitter(SessionPart):
         # The reservation is held under this node's incarnation: never under a dead one.
         await io(self._renewer.ensure_alive(self._backends))
         epoch = self._renewer.epoch
+        work = TurnWork.from_request(req, turn_id, key, self._node_id)
+        # Not held here: if another live node holds the session, the same call queues the
+        # message for it and rings its doorbell (the one store call of a forwarded submit).
+        forward = None
+        if self._sessions.get(session_id) is None:
+            envelope = work.to_envelope()
+            forward = Forwarding(envelope, uuid.uuid4().hex, queued_staleness(self._config))
         for _ in range(_RESERVE_ATTEMPTS):
             # One store call: the binding check (a request bound to fail reserves nothing) and
             # the reservation.
@@ -130,16 +144,23 @@ class Submitter(SessionPart):
                         req.agent_ref,
                         self._config.idempotency_secondary_ttl,
                         in_flight_ttl(self._config),
+                        forward,
                     )
                 )
             except BackendUnavailableError:
-                await self._discard(session_id, key, turn_id)  # it may have been written
+                # It may have been written, and queued for a holder: a refused submit must never
+                # run, so it is withdrawn while no holder took it, followed if one did.
+                if forward is not None and await self._taken(session_id, key, turn_id):
+                    return self._follow_unknown(work, future)
+                await self._discard(session_id, key, turn_id)
                 raise
             if reserved.bound is not None:
                 raise ConflictingAgentError(
                     f"session {session_id} is bound to agent {reserved.bound!r}, "
                     f"not {req.agent_ref!r}"
                 )
+            if reserved.forwarded is not None:
+                return self._forwarded(work, future, reserved.forwarded)
             existing = reserved.existing
             verdict = classify(existing, input_hash, self._refused.get((session_id, key)), turn_id)
             if verdict is Verdict.PLACE:
@@ -167,13 +188,36 @@ class Submitter(SessionPart):
                 return await self._attach(req, existing, turn_id, future)
         else:
             raise BackendUnavailableError(f"idempotency key of {session_id} keeps changing")
-        work = TurnWork.from_request(req, turn_id, key, self._node_id)
         work.epoch, work.inbox_quiet = epoch, reserved.quiet
         try:
             return await self._place(work, future)
         except BaseException:
             await self._discard(session_id, key, turn_id)
             raise
+
+    async def _taken(self, session_id: str, key: str, turn_id: str) -> bool:
+        """After a reserve whose reply never came: answer the turn "not run" if it was queued
+        but no holder took it (so it never runs); True when a holder took it (it may run: its
+        caller follows it). False also when nothing was written or the store cannot say."""
+        withdrawn = Outcome.failure(
+            turn_id, FailureCode.FAILED, "not run: its submit failed", self._node_id
+        )
+        idem = self._backends.idempotency
+        if await quiet(
+            idem.compare_and_reset(session_id, key, None, withdrawn, unstarted_only=True)
+        ):
+            return False
+        found = await quiet(idem.find(session_id, key))
+        return found is not None and found.turn_id == turn_id and found.holder != self._node_id
+
+    def _follow_unknown(
+        self, work: TurnWork, future: asyncio.Future[TurnResult]
+    ) -> SubmitDisposition:
+        """Follow a turn its holder took although this node never heard its reserve answered."""
+        self._callers.track(
+            Forward(work.session_id, work.key, work.turn_id, self._deadline(), _UNKNOWN_TOKEN)
+        )
+        return self._disposition(SubmitKind.FORWARDED, work.session_id, work.turn_id, future)
 
     async def _discard(self, session_id: str, key: str, turn_id: str) -> None:
         """Drop a refused submit's reservation; retried in the background if the store is down,
@@ -323,6 +367,17 @@ class Submitter(SessionPart):
         await self._control.ring_doorbell(work.session_id, held_by)
         return self._disposition(
             SubmitKind.FORWARDED, work.session_id, work.turn_id, future, message_id
+        )
+
+    def _forwarded(
+        self, work: TurnWork, future: asyncio.Future[TurnResult], forwarded: Forwarded
+    ) -> SubmitDisposition:
+        """The reserve queued the message for the holder and rang its doorbell: follow it."""
+        self._callers.track(
+            Forward(work.session_id, work.key, work.turn_id, self._deadline(), forwarded.token)
+        )
+        return self._disposition(
+            SubmitKind.FORWARDED, work.session_id, work.turn_id, future, forwarded.message_id
         )
 
     def _deadline(self) -> float:

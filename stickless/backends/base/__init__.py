@@ -34,6 +34,8 @@ from ._events import (
 )
 from ._hotpath import (
     Finished,
+    Forwarded,
+    Forwarding,
     HotPath,
     Reserved,
 )
@@ -91,6 +93,8 @@ __all__ = [
     "EventRelayPath",
     "FencedOut",
     "Finished",
+    "Forwarded",
+    "Forwarding",
     "HeldElsewhere",
     "HotPath",
     "IdempotencyStore",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from ...wire import Outcome, Signal
+from ...wire import Envelope, Outcome, Signal
 from ._dead_letters import DeadLetter
 from ._idempotency import Reservation
 from ._records import StagedCommit
@@ -22,15 +22,36 @@ class Finished:
 
 
 @dataclass(frozen=True, slots=True)
+class Forwarding:
+    """What a reserve queues for the holder when another live node holds the session: the
+    envelope (once per `delivery_id`), its reservation left holderless for `staleness`."""
+
+    envelope: Envelope
+    delivery_id: str
+    staleness: float
+
+
+@dataclass(frozen=True, slots=True)
+class Forwarded:
+    """A reserve that queued its message for `holder` (lease `token`) and rang its doorbell."""
+
+    message_id: str
+    holder: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
 class Reserved:
     """What a reserve did: refused because the session is bound to another agent (`bound`,
-    nothing written), or the reservation made (`existing` None) or found (`existing`)."""
+    nothing written), or the reservation made (`existing` None) or found (`existing`); made
+    and queued for another holder when `forwarded`."""
 
     bound: str | None = None
     existing: Reservation | None = None
     #: Made while the session's inbox held nothing and nothing was pending under a lease
     #: older than the current one (no collect needs to go before this turn on its holder).
     quiet: bool = False
+    forwarded: Forwarded | None = None
 
 
 class HotPath(Protocol):
@@ -46,10 +67,17 @@ class HotPath(Protocol):
         agent_ref: str,
         secondary_ttl: float,
         primary_ttl: float,
+        forward: Forwarding | None = None,
     ) -> Reserved:
         """Start a submit in one atomic step: refuse it when the session is bound to another
         agent than `agent_ref` (nothing written), else `IdempotencyStore.put_if_absent`, telling
-        whether anything waited in the session's inbox then (`Reserved.quiet`)."""
+        whether anything waited in the session's inbox then (`Reserved.quiet`).
+
+        With `forward`, when another live holder's lease is on the session, the new reservation
+        is left holderless (stale after `forward.staleness`), the envelope is queued in the
+        inbox and a MESSAGE_ENQUEUED doorbell naming the holder goes on the control channel,
+        all in the same step (`Reserved.forwarded`). Running the same call again (a retry after
+        a lost reply) queues nothing twice and answers the message id queued first."""
         ...
 
     async def finish(

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-from ...wire import EVENT_CHANNEL_KINDS, Outcome, Signal, pack
-from ..base import DeadLetter, FencedOut, Finished, ReservationState, Reserved, StagedCommit
+from ...wire import EVENT_CHANNEL_KINDS, Outcome, Signal, SignalKind, pack
+from ..base import (
+    DeadLetter,
+    FencedOut,
+    Finished,
+    Forwarded,
+    Forwarding,
+    ReservationState,
+    Reserved,
+    StagedCommit,
+)
 from ._dead_letters import keep_letter
 from ._idempotency import _held_by, _live_reservation, _view, put_locked
-from ._inbox import ack_locked
+from ._inbox import _append_locked, ack_locked
 from ._shared import Link, ReservationRow, State
 from ._signals import fan_out_locked
 from ._stores import live_lease
@@ -39,18 +48,44 @@ class MemoryHotPath:
         agent_ref: str,
         secondary_ttl: float,
         primary_ttl: float,
+        forward: Forwarding | None = None,
     ) -> Reserved:
-        """The binding check and the reservation under one lock hold (see `HotPath.reserve`)."""
+        """The binding check and the reservation under one lock hold, and with `forward` the
+        queueing and the doorbell too (see `HotPath.reserve`; a call here either does it all or
+        raises before writing anything, so the delivery id has nothing to guard)."""
         with self._link.open() as state:
             record = state.records.get(session_id)
             if record is not None and record.agent_ref != agent_ref:
                 return Reserved(bound=record.agent_ref)
+            now = state.clock()
+            again = _queued_before(state, session_id, key, turn_id, forward, now)
+            if again is not None:
+                return Reserved(forwarded=again)
             existing = put_locked(
                 state, session_id, key, turn_id, input_hash, holder, secondary_ttl, primary_ttl
             )
             if existing is not None:
                 return Reserved(existing=existing)
-            return Reserved(quiet=_quiet(state, session_id, state.clock()))
+            lease = live_lease(state, session_id, now) if forward is not None else None
+            if forward is None or lease is None or lease.holder == holder:
+                return Reserved(quiet=_quiet(state, session_id, now))
+            row = state.reservations[(session_id, key)]
+            row.holder, row.incarnation, row.stale_at = None, "", now + forward.staleness
+            envelope = forward.envelope
+            if envelope.enqueued_at == 0:
+                envelope = envelope.model_copy(update={"enqueued_at": now})
+            message_id = _append_locked(
+                state, session_id, envelope.priority, envelope.encode(), now
+            )
+            row.queued_as = (forward.delivery_id, message_id)
+            doorbell = Signal(
+                kind=SignalKind.MESSAGE_ENQUEUED,
+                session_id=session_id,
+                origin=holder,
+                payload={"held_by": lease.holder},
+            )
+            fan_out_locked(state, doorbell.encode(), None)
+            return Reserved(forwarded=Forwarded(message_id, lease.holder, lease.token))
 
     async def finish(
         self,
@@ -107,6 +142,25 @@ class MemoryHotPath:
             if message is not None:
                 fan_out_locked(state, message, None)
             return Finished(recorded=True)
+
+
+def _queued_before(
+    state: State,
+    session_id: str,
+    key: str,
+    turn_id: str,
+    forward: Forwarding | None,
+    now: float,
+) -> Forwarded | None:
+    """What the same reserve answered when it queued the message before (None: it did not)."""
+    row = _live_reservation(state, session_id, key, now)
+    if forward is None or row is None or row.turn_id != turn_id or row.queued_as is None:
+        return None
+    delivery_id, message_id = row.queued_as
+    if delivery_id != forward.delivery_id:
+        return None
+    lease = live_lease(state, session_id, now)
+    return Forwarded(message_id, lease.holder if lease else "", lease.token if lease else 0)
 
 
 def _answers(row: ReservationRow, turn_id: str, holder: str, attempt: int | None) -> bool:

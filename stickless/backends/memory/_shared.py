@@ -87,6 +87,8 @@ class ReservationRow:
     due_at: float = 0.0
     #: How the last attempt in the history was given up: "lost" or "retry".
     given: str = ""
+    #: (delivery id, message id) of the reserve that queued it for another holder.
+    queued_as: tuple[str, str] | None = None
 
 
 class State:

@@ -8,6 +8,8 @@ from ..base import (
     DeadLetter,
     FencedOut,
     Finished,
+    Forwarded,
+    Forwarding,
     ReservationState,
     Reserved,
     StagedCommit,
@@ -15,17 +17,19 @@ from ..base import (
     pack_letter,
 )
 from ._idempotency import RedisIdempotencyStore, _reservation
-from ._keys import reservation_member
-from ._role import _num, _Role, _text
+from ._inbox import DELIVERY_MEMORY
+from ._keys import TIERS, reservation_member
+from ._role import _ms, _num, _Role, _text
 
 
 class RedisHotPath(_Role):
     """`HotPath` over Redis: a submit's reserve (`idem_put.lua`) and a turn's finish
     (`turn_finish.lua`) are one command each."""
 
-    def __init__(self, idempotency: RedisIdempotencyStore) -> None:
+    def __init__(self, idempotency: RedisIdempotencyStore, inbox_ttl: float) -> None:
         super().__init__(idempotency._client, idempotency._scripts, idempotency._keys)
         self._idempotency = idempotency
+        self._inbox_ttl = inbox_ttl
 
     async def reserve(
         self,
@@ -37,12 +41,40 @@ class RedisHotPath(_Role):
         agent_ref: str,
         secondary_ttl: float,
         primary_ttl: float,
+        forward: Forwarding | None = None,
     ) -> Reserved:
-        """The binding check and the reservation in one script (see `HotPath.reserve`)."""
+        """The binding check and the reservation in one script, and with `forward` the queueing
+        and the doorbell too (see `HotPath.reserve`)."""
+        queued: list[str | bytes] = []
+        priority = 0
+        if forward is not None:
+            envelope = forward.envelope
+            priority = int(envelope.priority)
+            queued = [
+                self._keys.delivery(session_id, forward.delivery_id),
+                envelope.encode(),
+                str(TIERS.index(envelope.priority)),
+                str(DELIVERY_MEMORY),
+                str(_ms(self._inbox_ttl)),
+                _num(forward.staleness),
+                self._keys.control_channel,
+                session_id,
+            ]
         reply = await self._idempotency.put(
-            session_id, key, turn_id, input_hash, holder, secondary_ttl, primary_ttl, agent_ref
+            session_id,
+            key,
+            turn_id,
+            input_hash,
+            holder,
+            secondary_ttl,
+            primary_ttl,
+            agent_ref,
+            queued,
         )
         verdict = int(reply[0])
+        if verdict == 4:
+            message_id = f"{priority}:{_text(reply[1])}"
+            return Reserved(forwarded=Forwarded(message_id, _text(reply[2]), int(reply[3])))
         if verdict == 3:
             return Reserved(bound=_text(reply[1]))
         if verdict == 1:

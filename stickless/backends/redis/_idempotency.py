@@ -120,13 +120,16 @@ class RedisIdempotencyStore(_Role):
         secondary_ttl: float,
         primary_ttl: float,
         agent_ref: str | None,
+        forward: Sequence[str | bytes] = (),
     ) -> list[Any]:
         """The `idem_put` script's reply: the reservation made (and whether the inbox was quiet),
         or the one found, or (with `agent_ref`) the other agent the session is bound to; one
-        command. The index entries
-        are written in it when the reservation is this call's (the stale index's due at once:
-        the first scan verifies and rescores it)."""
+        command. The index entries are written in it when the reservation is this call's (the
+        stale index's due at once: the first scan verifies and rescores it). `forward`: the
+        delivery key, then the script's forward arguments (see `RedisHotPath.reserve`)."""
         keys = self._keys
+        delivery = str(forward[0]) if forward else keys.delivery(session_id, "-")
+        forward_args = list(forward[1:]) if forward else [""]
         reply: list[Any] = await self._scripts.idem_put(
             keys=[
                 keys.reservation(session_id, key),
@@ -136,6 +139,8 @@ class RedisIdempotencyStore(_Role):
                 *keys.inbox(session_id),
                 keys.pending(session_id)[0],
                 keys.lease(session_id),
+                delivery,
+                keys.pending_index,
             ],
             args=[
                 turn_id,
@@ -146,6 +151,7 @@ class RedisIdempotencyStore(_Role):
                 reservation_member(session_id, key, turn_id),
                 _ms(HOLDER_INDEX_TTL),
                 agent_ref or "",
+                *forward_args,
             ],
         )
         return reply

@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a delivery id (and a take's reply) is remembered: far longer than any retry of one
 #: call takes.
-_DELIVERY_MEMORY = 3600
+DELIVERY_MEMORY = 3600
 
 
 def _decode_entries(
@@ -84,7 +84,7 @@ class RedisInbox(_Role):
         delivery_id = delivery_id or uuid.uuid4().hex
         stream_id, arrived, was_empty = await self._scripts.inbox_deliver(
             keys=[*self._keys.inbox(session_id), self._keys.delivery(session_id, delivery_id)],
-            args=[TIERS.index(priority), data, _DELIVERY_MEMORY, _ms(self._ttl)],
+            args=[TIERS.index(priority), data, DELIVERY_MEMORY, _ms(self._ttl)],
         )
         # First message: the exact arrival time. Otherwise only fill a missing entry (a crash
         # between script and index write); a present one already scores an older arrival.
@@ -133,7 +133,7 @@ class RedisInbox(_Role):
                 keys.take(session_id, take_id),
                 *keys.pending(session_id),
             ],
-            args=[last_tier, _DELIVERY_MEMORY, token, reclaim, _ms(self._ttl), int(purge)],
+            args=[last_tier, DELIVERY_MEMORY, token, reclaim, _ms(self._ttl), int(purge)],
         )
         if (flat or purge) and not int(remaining):
             # Nothing is queued or pending any more: an index failure must not fail the take

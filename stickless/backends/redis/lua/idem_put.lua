@@ -1,14 +1,21 @@
 -- KEYS: reservation hash, record hash, the stale index, the holder's reservation index, the
--- session's three inbox tiers, its pending ids, its lease hash.
+-- session's three inbox tiers, its pending ids, its lease hash; with a forward, this delivery's
+-- key and the pending index.
 -- ARGV: turn, input hash, holder, secondary ttl, primary ttl, the reservation's index member,
--- ms the holder's index lives, agent ('' for no binding check).
+-- ms the holder's index lives, agent ('' for no binding check); with a forward: the encoded
+-- envelope ('' for none), its tier index, seconds the delivery is remembered, tier ttl (ms),
+-- seconds the holderless reservation stays fresh, the control channel, the session id.
 -- Reserves the key for the turn, held under the holder's live incarnation (none: it is stale at
 -- once), and indexes it (stale index due at once: the first scan verifies and rescores it;
--- holder index); with an agent, only if the session is not bound to another one.
+-- holder index); with an agent, only if the session is not bound to another one. With a
+-- forward, when another live holder has the session's lease, the reservation is made
+-- holderless instead, the envelope queued (once per delivery) and the holder's doorbell rung.
 -- Reply: {1, stale deadline, quiet} when reserved (or already reserved by this very call: a
 -- rerun after a lost reply finds its own reservation), quiet 1 when the inbox held nothing and
--- nothing was pending under a lease older than the current one; {0, reservation} when another
--- exists (not FAILED, or FAILED for this very turn), {3, agent} when bound to another agent.
+-- nothing was pending under a lease older than the current one; {4, stream id, holder, token}
+-- when reserved and queued for that holder (or queued by this very call before); {0,
+-- reservation} when another exists (not FAILED, or FAILED for this very turn), {3, agent} when
+-- bound to another agent.
 local function quiet()
   for i = 5, 7 do
     if redis.call('EXISTS', KEYS[i]) == 1 then
@@ -31,6 +38,24 @@ local function indexed(stale)
   hold_member(KEYS[4], ARGV[6], ARGV[7])
   return {1, stale, quiet()}
 end
+-- Queue the envelope for `cur`'s holder and ring its doorbell (the bytes the signal bus sends).
+local function queue(t, cur)
+  local arrived = fmt(t)
+  local was_empty = redis.call('EXISTS', KEYS[5], KEYS[6], KEYS[7]) == 0
+  local tier = KEYS[5 + tonumber(ARGV[10])]
+  local id = redis.call('XADD', tier, '*', 'e', ARGV[9], 't', arrived)
+  redis.call('PEXPIRE', tier, ARGV[12])
+  redis.call('SET', KEYS[10], id .. ' ' .. arrived, 'EX', ARGV[11])
+  if was_empty then
+    redis.call('ZADD', KEYS[11], arrived, ARGV[15])
+  else
+    redis.call('ZADD', KEYS[11], 'NX', arrived, ARGV[15])
+  end
+  redis.call('PUBLISH', ARGV[14], cmsgpack.pack({kind = 'MESSAGE_ENQUEUED',
+    session_id = ARGV[15], origin = ARGV[3], payload = {held_by = cur[1]}}))
+  return {4, id, cur[1], cur[2]}
+end
+local forwarding = ARGV[9] ~= nil and ARGV[9] ~= ''
 if ARGV[8] ~= '' then
   local bound = redis.call('HGET', KEYS[2], 'agent')
   if bound and bound ~= ARGV[8] then
@@ -38,6 +63,13 @@ if ARGV[8] ~= '' then
   end
 end
 local t = now()
+if forwarding then
+  local known = redis.call('GET', KEYS[10])
+  if known then
+    local cur = live_lease(KEYS[9], t) or {'', '0'}
+    return {4, string.sub(known, 1, string.find(known, ' ', 1, true) - 1), cur[1], cur[2]}
+  end
+end
 local r = load_reservation(KEYS[1], t)
 if r and r.turn == ARGV[1] and r.state == 'IN_FLIGHT' and r.holder == ARGV[3] then
   return indexed(r.stale)
@@ -47,9 +79,17 @@ end
 if r and (r.state ~= 'FAILED' or r.turn == ARGV[1]) then
   return {0, reservation_reply(r, t)}
 end
-local stale = fmt(t + tonumber(ARGV[4]))
 local exp_at = t + tonumber(ARGV[5])
 redis.call('DEL', KEYS[1])
+local cur = forwarding and live_lease(KEYS[9], t)
+if cur and cur[1] ~= ARGV[3] then
+  redis.call('HSET', KEYS[1], 'turn', ARGV[1], 'hash', ARGV[2], 'state', 'IN_FLIGHT',
+    'touched', fmt(t), 'stale', fmt(t + tonumber(ARGV[13])), 'exp', fmt(exp_at))
+  expire_at(KEYS[1], exp_at)
+  redis.call('ZADD', KEYS[3], 'LT', 0, ARGV[6])
+  return queue(t, cur)
+end
+local stale = fmt(t + tonumber(ARGV[4]))
 redis.call('HSET', KEYS[1], 'turn', ARGV[1], 'hash', ARGV[2], 'holder', ARGV[3],
   'inc', redis.call('GET', live_key(ARGV[3])) or '', 'state', 'IN_FLIGHT', 'touched', fmt(t),
   'stale', stale, 'exp', fmt(exp_at))
