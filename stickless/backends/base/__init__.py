@@ -38,6 +38,7 @@ from ._hotpath import (
     Forwarding,
     HotPath,
     Reserved,
+    TurnFrames,
 )
 from ._idempotency import (
     REJECTED,
@@ -108,6 +109,7 @@ __all__ = [
     "RecordStore",
     "RecordView",
     "Reserved",
+    "TurnFrames",
     "Reservation",
     "ReservationState",
     "SignalBus",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..._events import Event
 from ...wire import Envelope, Outcome, Signal
 from ._dead_letters import DeadLetter
 from ._idempotency import Reservation
@@ -19,6 +20,17 @@ class Finished:
 
     recorded: bool
     found: Reservation | None = None
+    #: The event ids of the finish's frames, in order (when recorded with frames).
+    event_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TurnFrames:
+    """A turn's last frames (its terminal one last), for its finish to log and publish as one
+    relay batch (`batch_id`: see `EventRelayPath.append_and_publish`)."""
+
+    batch_id: str
+    frames: tuple[Event, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,22 +105,24 @@ class HotPath(Protocol):
         *,
         pending: tuple[int, str] | None = None,
         announce: Signal | None = None,
+        frames: TurnFrames | None = None,
     ) -> Finished:
         """End a turn in one atomic step: record the outcome (DONE when final, else FAILED)
         and append `commit`'s entries to the session's transcript if the reservation is
         IN_FLIGHT for `outcome.turn_id` and held by `holder` or by nobody (by `holder` at
         `attempt` when given: a stale attempt's answer is refused), keep `dead_letter` (once
         per letter id), acknowledge the message's pending entry (`pending`: lease token and
-        message id; dropped only while pending under that token) and publish `announce` (a
-        control-channel signal) on the control channel.
+        message id; dropped only while pending under that token), log and publish `frames` as
+        one relay batch from `holder` (their ids in `Finished.event_ids`) and then publish
+        `announce` (a control-channel signal) on the control channel.
 
         So a turn's entries are committed if and only if its outcome is the reservation's.
         Refused (nothing written, nothing published): `pending` is acknowledged unless the
         reservation is still this turn's and unanswered (the turn goes on: another attempt
         runs it, or it was given back to run again from this very copy), and the reservation
         found is returned. Running the same call again (a retry after a lost reply) finds its
-        own outcome: recorded, with nothing written twice and nothing published again (the
-        first run did).
+        own outcome: recorded, with the frames' ids, nothing written twice and nothing published
+        again (the first run did).
 
         Raises:
             FencedOut: `commit.token` is older than the record's fence, or there is no record

@@ -141,15 +141,30 @@ def relay_batch(
     if not encoded:
         return []
     with link.open() as state:
-        now = state.clock()
-        _expire_logs(state, now)
-        recent = state.relay_batches.get(session_id)
-        if recent is None:
-            recent = state.relay_batches[session_id] = deque(maxlen=RELAY_BATCH_WINDOW)
-        for known, known_ids in recent:
-            if known == batch_id:
-                return list(known_ids)
-        ids = _append_locked(state, session_id, encoded, now)
-        recent.append((batch_id, ids))
-        fan_out_locked(state, pack_event_batch(session_id, origin, encoded, ids), session_id)
-        return list(ids)
+        return relay_batch_locked(state, session_id, origin, batch_id, encoded)
+
+
+def known_batch(state: State, session_id: str, batch_id: str) -> list[str] | None:
+    """The ids a relay batch got when it was logged before (caller holds the lock), or None."""
+    for known, known_ids in state.relay_batches.get(session_id, ()):
+        if known == batch_id:
+            return list(known_ids)
+    return None
+
+
+def relay_batch_locked(
+    state: State, session_id: str, origin: str, batch_id: str, encoded: list[bytes]
+) -> list[str]:
+    """`relay_batch` with the state lock held (a turn's finish logs its last frames so)."""
+    now = state.clock()
+    _expire_logs(state, now)
+    known = known_batch(state, session_id, batch_id)
+    if known is not None:
+        return known
+    recent = state.relay_batches.get(session_id)
+    if recent is None:
+        recent = state.relay_batches[session_id] = deque(maxlen=RELAY_BATCH_WINDOW)
+    ids = _append_locked(state, session_id, encoded, now)
+    recent.append((batch_id, ids))
+    fan_out_locked(state, pack_event_batch(session_id, origin, encoded, ids), session_id)
+    return list(ids)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...wire import EVENT_CHANNEL_KINDS, Outcome, Signal, SignalKind, pack
+from ...wire import EVENT_CHANNEL_KINDS, Outcome, Signal, SignalKind, encode_event, pack
 from ..base import (
     DeadLetter,
     FencedOut,
@@ -12,8 +12,11 @@ from ..base import (
     ReservationState,
     Reserved,
     StagedCommit,
+    TurnFrames,
+    check_batch_id,
 )
 from ._dead_letters import keep_letter
+from ._eventlog import known_batch, relay_batch_locked
 from ._idempotency import _held_by, _live_reservation, _view, put_locked
 from ._inbox import _append_locked, ack_locked
 from ._shared import Link, ReservationRow, State
@@ -100,8 +103,10 @@ class MemoryHotPath:
         *,
         pending: tuple[int, str] | None = None,
         announce: Signal | None = None,
+        frames: TurnFrames | None = None,
     ) -> Finished:
-        """Record, acknowledge and announce under one lock hold (see `HotPath.finish`)."""
+        """Record, acknowledge, log the last frames and announce under one lock hold (see
+        `HotPath.finish`)."""
         data = outcome.encode()
         packed = (
             [pack(e.model_dump(mode="python")) for e in commit.committed(outcome.turn_id)]
@@ -111,12 +116,19 @@ class MemoryHotPath:
         if announce is not None and announce.kind in EVENT_CHANNEL_KINDS:
             raise ValueError(f"{announce.kind} signals do not go on the control channel")
         message = None if announce is None else announce.encode()
+        batch_id, encoded = "", []
+        if frames is not None and frames.frames:
+            check_batch_id(frames.batch_id)
+            batch_id = frames.batch_id
+            encoded = [encode_event(frame) for frame in frames.frames]
         with self._link.open() as state:
             now = state.clock()
             row = _live_reservation(state, session_id, key, now)
             if row is not None and row.turn_id == outcome.turn_id and row.outcome == data:
                 _ack(state, session_id, pending)
-                return Finished(recorded=True)  # the same call made again: already recorded
+                # the same call made again: already recorded
+                known = known_batch(state, session_id, batch_id) if encoded else None
+                return Finished(recorded=True, event_ids=tuple(known or ()))
             record = state.records.get(session_id)
             if commit is not None:  # a fenced-out holder must learn it has lost the session
                 if record is None:
@@ -139,9 +151,12 @@ class MemoryHotPath:
             if dead_letter is not None:
                 keep_letter(state, dead_letter, now)
             _ack(state, session_id, pending)
+            ids: list[str] = []
+            if encoded:
+                ids = relay_batch_locked(state, session_id, holder, batch_id, encoded)
             if message is not None:
                 fan_out_locked(state, message, None)
-            return Finished(recorded=True)
+            return Finished(recorded=True, event_ids=tuple(ids))
 
 
 def _queued_before(

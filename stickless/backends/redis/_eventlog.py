@@ -64,17 +64,19 @@ class RedisEventLog(_Role):
         ids = await self._scripts.events_relay(
             keys=[self._keys.event_log(session_id), self._keys.relay_batches(session_id)],
             args=[
-                self._max_len,
-                self._ttl_ms,
-                RELAY_BATCH_WINDOW,
-                batch_id,
-                self._keys.event_channel(session_id),
+                *self.relay_args(session_id, batch_id),
                 head,
                 middle,
                 *(encode_event(frame) for frame in frames),
             ],
         )
         return [_text(event_id) for event_id in ids]
+
+    def relay_args(self, session_id: str, batch_id: str) -> list[str | int]:
+        """The log bound, its TTL (ms), the batch window, `batch_id` and the event channel: the
+        first arguments of a relay batch in a script (see the prelude's relay_batch)."""
+        channel = self._keys.event_channel(session_id)
+        return [self._max_len, self._ttl_ms, RELAY_BATCH_WINDOW, batch_id, channel]
 
     async def read(self, session_id: str, after: str | None, limit: int) -> list[Event]:
         """Up to `limit` frames with ids strictly after `after` (all when None), ids set.

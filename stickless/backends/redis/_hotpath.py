@@ -3,7 +3,7 @@ bundle needs one Redis server, not a Redis Cluster: see `_keys`)."""
 
 from __future__ import annotations
 
-from ...wire import EVENT_CHANNEL_KINDS, Outcome, Signal, pack
+from ...wire import EVENT_CHANNEL_KINDS, Outcome, Signal, encode_event, event_batch_parts, pack
 from ..base import (
     DeadLetter,
     FencedOut,
@@ -13,9 +13,12 @@ from ..base import (
     ReservationState,
     Reserved,
     StagedCommit,
+    TurnFrames,
+    check_batch_id,
     check_letter,
     pack_letter,
 )
+from ._eventlog import RedisEventLog
 from ._idempotency import RedisIdempotencyStore, _reservation
 from ._inbox import DELIVERY_MEMORY
 from ._keys import TIERS, reservation_member
@@ -26,9 +29,12 @@ class RedisHotPath(_Role):
     """`HotPath` over Redis: a submit's reserve (`idem_put.lua`) and a turn's finish
     (`turn_finish.lua`) are one command each."""
 
-    def __init__(self, idempotency: RedisIdempotencyStore, inbox_ttl: float) -> None:
+    def __init__(
+        self, idempotency: RedisIdempotencyStore, events: RedisEventLog, inbox_ttl: float
+    ) -> None:
         super().__init__(idempotency._client, idempotency._scripts, idempotency._keys)
         self._idempotency = idempotency
+        self._events = events
         self._inbox_ttl = inbox_ttl
 
     async def reserve(
@@ -94,8 +100,10 @@ class RedisHotPath(_Role):
         *,
         pending: tuple[int, str] | None = None,
         announce: Signal | None = None,
+        frames: TurnFrames | None = None,
     ) -> Finished:
-        """Record, acknowledge and announce in one script (see `HotPath.finish`).
+        """Record, acknowledge, log the last frames and announce in one script (see
+        `HotPath.finish`).
 
         One round trip, one command: the script also drops the instance from the stale and
         holder indexes (and adds a new letter's id to the dead-letter index); when it refuses
@@ -107,10 +115,21 @@ class RedisHotPath(_Role):
         state = ReservationState.DONE if outcome.final else ReservationState.FAILED
         keys = self._keys
         member = reservation_member(session_id, key, outcome.turn_id)
-        staged: list[str | bytes] = [""]
+        staged: list[str | bytes] = ["", "0"]
         if commit is not None:
-            entries = commit.committed(outcome.turn_id)
-            staged = [str(commit.token), *(pack(e.model_dump(mode="python")) for e in entries)]
+            entries = [pack(e.model_dump(mode="python")) for e in commit.committed(outcome.turn_id)]
+            staged = [str(commit.token), str(len(entries)), *entries]
+        relayed: list[str | bytes | int] = ["0"]
+        if frames is not None and frames.frames:
+            check_batch_id(frames.batch_id)
+            head, middle = event_batch_parts(session_id, holder, len(frames.frames))
+            relayed = [
+                str(len(frames.frames)),
+                *self._events.relay_args(session_id, frames.batch_id),
+                head,
+                middle,
+                *(encode_event(frame) for frame in frames.frames),
+            ]
         letter: list[str | bytes] = ["", ""]
         if dead_letter is not None:
             check_letter(dead_letter)
@@ -132,6 +151,8 @@ class RedisHotPath(_Role):
                 keys.stale_index,
                 keys.holder_reservations(holder),
                 keys.dead_index,
+                keys.event_log(session_id),
+                keys.relay_batches(session_id),
             ],
             args=[
                 holder,
@@ -145,11 +166,12 @@ class RedisHotPath(_Role):
                 *publish,
                 member,
                 *staged,
+                *relayed,
             ],
         )
         result = int(reply[0])
         if result == 1:
-            return Finished(recorded=True)
+            return Finished(recorded=True, event_ids=tuple(_text(i) for i in reply[1:]))
         if result == 2:
             fence = _text(reply[1])
             if not fence:

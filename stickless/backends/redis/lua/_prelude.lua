@@ -169,6 +169,58 @@ local function append_frames(key, bound, ttl_ms, frames, first)
   return ids
 end
 
+-- The ids a relay batch got when it was logged before (its id among the session's recent
+-- batches, the list `batches`), or nil.
+local function known_batch(batches, batch_id)
+  local prefix = batch_id .. ' '
+  for _, known in ipairs(redis.call('LRANGE', batches, 0, -1)) do
+    if string.sub(known, 1, #prefix) == prefix then
+      local ids = {}
+      for id in string.gmatch(string.sub(known, #prefix + 1), '%S+') do
+        ids[#ids + 1] = id
+      end
+      return ids
+    end
+  end
+  return nil
+end
+
+-- One relay batch (EventRelayPath.append_and_publish): unless logged before, append `frames`
+-- as append_frames does, PUBLISH them on `relay.channel` as one EVENT signal, head .. frames
+-- .. ids head .. each id packed (wire.pack_event_batch: the frames go out as they were logged,
+-- never re-encoded), and remember the batch as "<batch id> <id> <id> ..." among the newest
+-- `relay.window` (expiring with the log). `relay`: {bound, ttl (ms), window, batch id, channel,
+-- head, ids head}. The ids, in order.
+local function relay_batch(stream, batches, relay, frames)
+  local ids = known_batch(batches, relay[4])
+  if ids then
+    return ids
+  end
+  ids = append_frames(stream, tonumber(relay[1]), relay[2], frames, 1)
+  local parts = {relay[6]}
+  for i = 1, #frames do
+    parts[#parts + 1] = frames[i]
+  end
+  parts[#parts + 1] = relay[7]
+  for i = 1, #ids do
+    parts[#parts + 1] = cmsgpack.pack(ids[i])
+  end
+  redis.call('PUBLISH', relay[5], table.concat(parts))
+  redis.call('LPUSH', batches, relay[4] .. ' ' .. table.concat(ids, ' '))
+  redis.call('LTRIM', batches, 0, tonumber(relay[3]) - 1)
+  redis.call('PEXPIRE', batches, relay[2])
+  return ids
+end
+
+-- ARGV[first .. first + count - 1] as a table (without unpack's limit on results).
+local function argv_slice(first, count)
+  local items = {}
+  for i = first, first + count - 1 do
+    items[#items + 1] = ARGV[i]
+  end
+  return items
+end
+
 -- Compare two stream ids '<ms>-<seq>' written without leading zeros: -1, 0 or 1. Exact for any
 -- 64-bit parts (compared as digit strings, never as Lua numbers).
 local function compare_ids(a, b)

@@ -1,20 +1,29 @@
 -- The finish of a turn (HotPath.finish).
 -- KEYS: reservation hash, record hash, transcript list, the session's dead-letter hash, pending
--- ids, pending entries, the stale index, the holder's reservation index, the dead-letter index.
+-- ids, pending entries, the stale index, the holder's reservation index, the dead-letter index,
+-- the event stream, the session's recent relay batches.
 -- ARGV: holder, turn, state (DONE or FAILED), outcome, primary ttl, the attempt that answers
 -- ('' for a turn that never started), dead letter id ('' for none), packed letter, pending
 -- token ('' for none), pending message id, channel ('' for no announcement), message, the
--- reservation's index member, commit token ('' for none), packed entries...
+-- reservation's index member, commit token ('' for none), the number of packed entries, the
+-- packed entries, the number of frames, then (with frames) relay_batch's seven arguments and
+-- the encoded frames.
 -- Records the outcome, appends the turn's entries under the token, keeps the dead letter,
--- acknowledges the message's pending entry and publishes the announcement, in one step: only
--- if the reservation is IN_FLIGHT for that turn, held by holder or nobody, and the token is not
--- older than the record's fence; an attempt's answer only while the holder holds that attempt.
+-- acknowledges the message's pending entry, logs and publishes the turn's last frames as one
+-- relay batch, then publishes the announcement, in one step: only if the reservation is
+-- IN_FLIGHT for that turn, held by holder or nobody, and the token is not older than the
+-- record's fence; an attempt's answer only while the holder holds that attempt.
 -- Safe to run twice: a run that finds its own outcome already recorded for the turn reports
--- success, acknowledges again (a no-op) and publishes nothing (the first run did).
--- Reply: {1} recorded, {0[, reservation reply]} refused (not this turn's in-flight
--- reservation; the reply is absent when there is none), {2, fence} fenced out.
+-- success with the frames' ids, acknowledges again (a no-op) and logs and publishes nothing
+-- (the first run did).
+-- Reply: {1, frame ids...} recorded, {0[, reservation reply]} refused (not this turn's
+-- in-flight reservation; the reply is absent when there is none), {2, fence} fenced out.
 local t = now()
 local r = load_reservation(KEYS[1], t)
+local entries = tonumber(ARGV[15])
+local frames_at = 16 + entries
+local frames = tonumber(ARGV[frames_at])
+local relay = argv_slice(frames_at + 1, 7)
 -- Index upkeep, outside the session's slot (the bundle needs one Redis server: see _keys.py):
 -- a finished instance leaves the stale and holder indexes, a refused one is made due in the
 -- stale index for the scan to verify, a letter's id joins the dead-letter index (0: not
@@ -39,7 +48,9 @@ end
 if r and r.turn == ARGV[2] and r.state ~= 'IN_FLIGHT' and r.outcome == ARGV[4] then
   ack()
   upkeep(true)
-  return {1}
+  local ids = frames > 0 and known_batch(KEYS[11], relay[4]) or {}
+  table.insert(ids, 1, 1)
+  return ids
 end
 -- A fenced-out commit is reported next: its holder has lost the session and must know (it
 -- acknowledges nothing: the turn is answered again, as lost, and acknowledged then).
@@ -65,8 +76,8 @@ if not r or r.turn ~= ARGV[2] or r.state ~= 'IN_FLIGHT' or (r.holder and r.holde
 end
 if ARGV[14] ~= '' then
   local batch = 1000
-  for first = 15, #ARGV, batch do
-    redis.call('RPUSH', KEYS[3], unpack(ARGV, first, math.min(first + batch - 1, #ARGV)))
+  for first = 16, frames_at - 1, batch do
+    redis.call('RPUSH', KEYS[3], unpack(ARGV, first, math.min(first + batch - 1, frames_at - 1)))
   end
 end
 local exp_at = t + tonumber(ARGV[5])
@@ -78,7 +89,12 @@ if ARGV[7] ~= '' and redis.call('HEXISTS', KEYS[4], ARGV[7]) == 0 then
 end
 ack()
 upkeep(true)
+local ids = {}
+if frames > 0 then
+  ids = relay_batch(KEYS[10], KEYS[11], relay, argv_slice(frames_at + 8, frames))
+end
 if ARGV[11] ~= '' then
   redis.call('PUBLISH', ARGV[11], ARGV[12])
 end
-return {1}
+table.insert(ids, 1, 1)
+return ids
