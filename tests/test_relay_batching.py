@@ -171,9 +171,12 @@ async def test_a_turn_relays_each_batch_in_one_call(
         disposition = await holder.submit(req("s1", "go"))
         messages = await reader.until_terminal()
         assert (await disposition.result).text == "done"
-    # Then every message on the channel came from one relay script run, none from a plain
-    # append or publish, and the 30 frames emitted at once went out in one message
-    assert _relay_calls(fault_proxy) - before == len(messages)
+    # Then every message on the channel came from one relay script run or, the last one with
+    # the terminal frame, from the turn's finish, none from a plain append or publish, and the
+    # 30 frames emitted at once went out in one message
+    assert _relay_calls(fault_proxy) - before + 1 == len(messages)
+    assert fault_proxy.script_runs()["turn_finish"] == 1
+    assert is_terminal(messages[-1][-1])
     assert fault_proxy.script_counts()["events_append"] == 0
     assert max(len(_texts(m)) for m in messages) == 30
     assert [f.seq for m in messages for f in m] == list(range(1, 33))
@@ -260,9 +263,10 @@ async def test_a_relay_call_rerun_after_a_lost_reply_duplicates_nothing(
         messages = await reader.until_terminal()
     assert (await disposition.result).text == "done"
     assert cut.count == 1
-    # Then the script ran once more than there were batches, yet the channel carried each
-    # batch once, and the log and the live subscriber hold every frame exactly once, in order
-    assert _relay_calls(fault_proxy) == len(messages) + 1
+    # Then the script ran once more than there were relay batches (the last batch went with
+    # the finish), yet the channel carried each batch once, and the log and the live
+    # subscriber hold every frame exactly once, in order
+    assert _relay_calls(fault_proxy) == len(messages) - 1 + 1
     expected = [f"go {n}" for n in range(200)]
     logged = await subscriber.backends.events.read("s1", None, 1000)
     assert [f.seq for f in logged] == list(range(1, 203))

@@ -3,12 +3,20 @@
 from ._actor import SessionActor
 from ._ending import RunningTurn
 from ._host import ActorHost, Later, StopReason
-from ._relay import EventRelay, RankedQueue, Subscriber, SubscriberHub, drain_subscriber
+from ._relay import (
+    EventRelay,
+    LastFrames,
+    RankedQueue,
+    Subscriber,
+    SubscriberHub,
+    drain_subscriber,
+)
 from ._work import PendingEntry, TurnWork
 
 __all__ = [
     "ActorHost",
     "EventRelay",
+    "LastFrames",
     "Later",
     "RankedQueue",
     "RunningTurn",

@@ -30,6 +30,7 @@ from ._ending import (
     RunningTurn,
     conclude,
     exhausted,
+    finish_turn,
     retryable,
     retrying_frame,
     schedule,
@@ -37,7 +38,7 @@ from ._ending import (
 from ._host import ActorHost, Later, StopReason
 from ._mailbox import Mailbox
 from ._relay import EventRelay
-from ._unrun import answer_cancelled, answer_cut_short, fail_unrun, failed, reject
+from ._unrun import answer_cancelled, answer_cut_short, fail_unrun, reject
 from ._work import PendingEntry, TurnWork
 
 log = logging.getLogger("stickless.actor")
@@ -539,27 +540,8 @@ class SessionActor:
         relay: EventRelay,
     ) -> None:
         """Record and announce a concluded turn (and the NOW messages that joined it)."""
-        host, work = self._host, running.work
-        # The terminal frame follows the recorded answer, queued just before the answer goes
-        # out (flushed by the relay's dispatcher; nobody waits for that).
-        try:
-            announced = await host.complete(
-                work, outcome, commit, lambda _: relay.emit(terminal), bury=running.bury
-            )
-        except FencedOut:
+        if not await finish_turn(self._host, running, outcome, terminal, commit, relay):
             self.lose_lease()
-            outcome, terminal = failed(
-                work, FailureCode.LEASE_LOST, "commit fenced out", host.node_id
-            )
-            announced = await host.complete(work, outcome, None, lambda _: relay.emit(terminal))
-        if announced is not outcome:
-            # Decided elsewhere (this node was declared lost) or unknown: the decider sent the
-            # turn's terminal frame, and this node's hold of the session is in doubt.
-            relay.close()
-            self.lose_lease()
-        for joined in running.joined:
-            answer = announced or Outcome.unknown(joined.turn_id, host.config.forward_ttl)
-            await host.complete(joined, answer.model_copy(update={"turn_id": joined.turn_id}))
 
     async def _stop(self, reason: StopReason) -> list[TurnWork]:
         self.accepting = False

@@ -11,10 +11,10 @@ from .._events import Event, Interrupted, TurnCompleted, TurnFailed
 from .._retry import RetryPolicy
 from .._session import TurnContext
 from .._types import TurnOutput
-from ..backends.base import Lease, StagedCommit
+from ..backends.base import FencedOut, Lease, StagedCommit
 from ..wire import Outcome
 from ._host import ActorHost
-from ._relay import EventRelay
+from ._relay import EventRelay, LastFrames
 from ._unrun import failed, failure
 from ._work import TurnWork
 
@@ -136,3 +136,40 @@ async def conclude(
     )
     completed = TurnCompleted(text=output.text, data=output.data, executed_by=node)
     return outcome, completed, commit, False
+
+
+async def finish_turn(
+    host: ActorHost,
+    running: RunningTurn,
+    outcome: Outcome,
+    terminal: Event,
+    commit: StagedCommit | None,
+    relay: EventRelay,
+) -> bool:
+    """Record and announce a concluded turn (and the NOW messages that joined it); False when
+    the node's hold of the session is in doubt: its commit was fenced out, or the answer was
+    decided elsewhere (this node was declared lost) or is unknown (the decider then sent the
+    turn's terminal frame)."""
+    work = running.work
+    # The relay's last frames and the terminal one go in the step that records the answer
+    # (their order kept: the relay hands over only once its batch in flight is logged).
+    tail = await relay.seal()
+    last = LastFrames.of(relay, tail, relay.stamp(terminal))
+    held = True
+    try:
+        try:
+            announced = await host.complete(work, outcome, commit, last, bury=running.bury)
+        except FencedOut:
+            held = False
+            outcome, terminal = failed(
+                work, FailureCode.LEASE_LOST, "commit fenced out", host.node_id
+            )
+            last = last.replaced(relay.stamp(terminal, seq=last.terminal.seq))
+            announced = await host.complete(work, outcome, None, last)
+    finally:
+        if not last.consumed:  # (the finish failed outright: what is left still goes out)
+            await last.send(terminal=False)
+    for joined in running.joined:
+        answer = announced or Outcome.unknown(joined.turn_id, host.config.forward_ttl)
+        await host.complete(joined, answer.model_copy(update={"turn_id": joined.turn_id}))
+    return held and announced is outcome

@@ -4,7 +4,7 @@ it is stopped."""
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -14,6 +14,7 @@ from .._events import Event
 from .._session import LiveSession
 from ..backends.base import Backends, StagedCommit, UnreadableEntry
 from ..wire import Outcome
+from ._relay import LastFrames
 from ._work import TurnWork
 
 
@@ -76,13 +77,14 @@ class ActorHost(Protocol):
         work: TurnWork,
         outcome: Outcome,
         commit: StagedCommit | None = None,
-        before_announce: Callable[[Outcome], None] | None = None,
+        last: LastFrames | None = None,
         frame: Event | None = None,
         bury: str | None = None,
     ) -> Outcome | None:
-        """Record and announce (calling `before_announce` with an outcome decided here, or
-        delivering `frame`, just before); the outcome announced (None: decided elsewhere or
-        unknown). With `bury`, the message goes to the dead letters (for that reason) in the
+        """Record and announce (a relayed turn's `last` frames logged in the step that records
+        it, or sent just before an outcome decided here is announced; a turn that did not run
+        through a relay delivers `frame` there); the outcome announced (None: decided elsewhere
+        or unknown). With `bury`, the message goes to the dead letters (for that reason) in the
         step that records its answer.
 
         Raises:

@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from .._events import Event, drop_rank, is_terminal
+from ..backends.base import TurnFrames
 
 log = logging.getLogger("stickless.relay")
 
@@ -86,6 +88,11 @@ class EventRelay:
         self._wake = asyncio.Event()
         self._closed = False
         self._late = 0
+        #: Sealed: what is left goes out with the turn's finish (see `seal`), and the
+        #: dispatcher ends once that happened (`hand_over`).
+        self._sealed = False
+        self._parked = asyncio.Event()
+        self._handed_over = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(
             self._dispatch(), name=f"relay:{session_id}:{turn_id}"
         )
@@ -100,19 +107,51 @@ class EventRelay:
         if self._closed:
             self._late += 1
             return
-        self._seq += 1
-        stamped = frame.model_copy(
-            update={
-                "session_id": self.session_id,
-                "turn_id": self.turn_id,
-                "attempt": self.attempt,
-                "seq": self._seq,
-            }
-        )
+        stamped = self.stamp(frame)
         self._queue.push(stamped)
         if is_terminal(stamped):
             self._closed = True
         self._wake.set()
+
+    def stamp(self, frame: Event, seq: int | None = None) -> Event:
+        """The frame as this turn's next one (or as its frame number `seq`)."""
+        if seq is None:
+            self._seq += 1
+            seq = self._seq
+        update = {
+            "session_id": self.session_id,
+            "turn_id": self.turn_id,
+            "attempt": self.attempt,
+            "seq": seq,
+        }
+        return frame.model_copy(update=update)
+
+    async def seal(self) -> list[Event]:
+        """End dispatching and take over what is still queued: the turn's finish sends it with
+        the terminal frame (`LastFrames`). Waits for the previous turn's relay and for a batch in
+        flight, so the frames keep their order in the log; frames emitted later are dropped."""
+        self._closed = self._sealed = True
+        self._wake.set()
+        parked = asyncio.ensure_future(self._parked.wait())
+        try:
+            await asyncio.wait({parked, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            parked.cancel()
+        return self._queue.take_all()
+
+    async def hand_over(self, frames: Sequence[Event] = ()) -> None:
+        """End a sealed relay: send `frames` to the sink first (those its finish did not
+        log), then let the dispatcher end."""
+        if frames:
+            try:
+                await self._sink(self.session_id, frames)
+            except Exception:
+                log.exception("relay sink failed for %s", self.session_id)
+        self.release()
+
+    def release(self) -> None:
+        """End a sealed relay whose last frames went out another way (its finish logged them)."""
+        self._handed_over.set()
 
     def close(self) -> None:
         """End the turn's stream without a terminal frame of its own (another node ended the
@@ -140,17 +179,57 @@ class EventRelay:
         previous, self._after = self._after, None
         if previous is not None:
             await asyncio.wait({previous._task})
-        while True:
+        while not self._sealed:
+            self._parked.set()
             await self._wake.wait()
+            self._parked.clear()
             self._wake.clear()
+            if self._sealed:
+                break
             batch = self._queue.take_all()
             if batch:
                 try:
                     await self._sink(self.session_id, batch)
                 except Exception:
                     log.exception("relay sink failed for %s", self.session_id)
-            if self._closed and not len(self._queue):
+            if self._closed and not self._sealed and not len(self._queue):
                 return
+        self._parked.set()
+        await self._handed_over.wait()
+
+
+@dataclass(eq=False)
+class LastFrames:
+    """A turn's last frames, its terminal one last, taken from its sealed relay: the finish
+    logs and publishes them in its own store step when it records the turn's answer, else
+    sends them through the relay (`send`), the terminal frame only with `terminal`."""
+
+    relay: EventRelay
+    frames: TurnFrames
+    consumed: bool = False
+
+    @classmethod
+    def of(cls, relay: EventRelay, tail: Sequence[Event], terminal: Event) -> LastFrames:
+        return cls(relay, TurnFrames(uuid.uuid4().hex, (*tail, terminal)))
+
+    @property
+    def terminal(self) -> Event:
+        return self.frames.frames[-1]
+
+    def replaced(self, terminal: Event) -> LastFrames:
+        """The same frames ending with another terminal frame (a new batch)."""
+        return LastFrames.of(self.relay, self.frames.frames[:-1], terminal)
+
+    def logged(self) -> None:
+        """The finish logged and published them: the relay ends."""
+        self.consumed = True
+        self.relay.release()
+
+    async def send(self, terminal: bool) -> None:
+        """Send them through the relay's sink instead (the terminal frame only if `terminal`)."""
+        self.consumed = True
+        frames = self.frames.frames
+        await self.relay.hand_over(frames if terminal else frames[:-1])
 
 
 @dataclass(eq=False)

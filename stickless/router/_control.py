@@ -154,11 +154,18 @@ class ControlChannel(RouterPart):
             # Neither logged nor published (or unknown): local subscribers still get the
             # frames, without ids.
             log.warning("event relay of %s failed: %s", session_id, exc)
+        self.fan_out_logged(session_id, batch, ids)
+
+    def fan_out_logged(
+        self, session_id: str, frames: Sequence[Event], ids: Sequence[str] | None
+    ) -> None:
+        """Hand frames the store logged and published (under `ids`; None or empty: unknown)
+        to this node's local subscribers."""
         if self._hub.has(session_id):
-            local = batch
-            if ids is not None:
+            local = list(frames)
+            if ids:
                 local = [
-                    f.model_copy(update={"event_id": i}) for f, i in zip(batch, ids, strict=True)
+                    f.model_copy(update={"event_id": i}) for f, i in zip(frames, ids, strict=True)
                 ]
             self._hub.fan_out(session_id, local)
 

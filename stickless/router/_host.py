@@ -9,7 +9,7 @@ from .._config import RouterConfig
 from .._errors import BackendUnavailableError
 from .._events import Event
 from .._session import LiveSession, LiveSessionOpener
-from ..actors import Later, SessionActor, TurnWork
+from ..actors import LastFrames, Later, SessionActor, TurnWork
 from ..backends.base import Backends, StagedCommit, UnreadableEntry
 from ..wire import Outcome
 from ._background import io
@@ -67,11 +67,11 @@ class NodeActorHost(RouterPart):
         work: TurnWork,
         outcome: Outcome,
         commit: StagedCommit | None = None,
-        before_announce: Callable[[Outcome], None] | None = None,
+        last: LastFrames | None = None,
         frame: Event | None = None,
         bury: str | None = None,
     ) -> Outcome | None:
-        return await self._outcomes.complete(work, outcome, commit, before_announce, frame, bury)
+        return await self._outcomes.complete(work, outcome, commit, last, frame, bury)
 
     async def take_over(self, work: TurnWork) -> bool | Later:
         return await self._outcomes.take_over(work)

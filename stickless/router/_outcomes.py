@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from .._errors import BackendUnavailableError, FailureCode, SticklessError
 from .._events import LATE_TERMINAL_SEQ, Event, Interrupted
-from ..actors import Later, PendingEntry, TurnWork
+from ..actors import LastFrames, Later, PendingEntry, TurnWork
 from ..backends.base import (
     AttemptRecord,
     DeadLetter,
@@ -20,6 +20,7 @@ from ..backends.base import (
     InboundMessage,
     Reservation,
     StagedCommit,
+    TurnFrames,
     UnreadableEntry,
     letter_for_envelope,
     letter_for_unreadable,
@@ -76,7 +77,7 @@ class TurnOutcomes(RouterPart):
         work: TurnWork,
         outcome: Outcome,
         commit: StagedCommit | None = None,
-        before_announce: Callable[[Outcome], None] | None = None,
+        last: LastFrames | None = None,
         frame: Event | None = None,
         bury: str | None = None,
     ) -> Outcome | None:
@@ -94,11 +95,13 @@ class TurnOutcomes(RouterPart):
         A failure that commits nothing and leaves the key free goes out at once when the store
         is out of reach: whatever the store ends up holding for the turn says the same.
 
-        `before_announce(outcome)` runs right before an outcome decided here is announced (the
-        actor queues its terminal frame there, so subscribers get it ahead of the answer).
-        `frame` is the terminal frame of a turn that did not run through a relay (cancelled,
-        rejected or failed before it started): it is delivered at the same point, so a turn
-        whose answer was decided elsewhere never gets a frame that contradicts it.
+        `last` are a relayed turn's last frames (its terminal one last): the store logs and
+        publishes them in the step that records the outcome, and they reach local subscribers
+        ahead of the answer; when the outcome is not recorded by that step they go out through
+        the relay, the terminal frame only with an outcome decided here (so a turn whose answer
+        was decided elsewhere never gets a frame that contradicts it). `frame` is the terminal
+        frame of a turn that did not run through a relay (cancelled, rejected or failed before
+        it started): it is delivered right before the answer, under the same rule.
         With `bury`, the message is kept in the dead letters (with its attempts) in the very
         step that records its answer.
 
@@ -111,19 +114,26 @@ class TurnOutcomes(RouterPart):
         # the whole finish), unless a frame must go out first: a turn that never ran through a
         # relay gets its frame logged and sent ahead of its answer.
         result = self._turn_result(work.session_id, work.key, outcome) if frame is None else None
-        finished = await self._record(work, outcome, commit, not free, letter, result)
+        frames = None if last is None else last.frames
+        finished = await self._record(work, outcome, commit, not free, letter, result, frames)
         if finished is None:
             self._bg.spawn(self._record_later(work, outcome, commit, letter), "mark-done-retry")
             if not free:
                 self._tell_unknown(work.turn_id)
+                if last is not None:
+                    await last.send(terminal=False)
                 return None
             result = None  # whether the store published it is unknown: it is sent from here
         else:
             if finished.recorded and letter is not None:
                 self._metrics.emit("on_dead_lettered", work.session_id, work.turn_id, bury)
         if finished is None or finished.recorded:
-            if before_announce is not None:
-                before_announce(outcome)
+            if last is not None and finished is not None:
+                logged = last.frames.frames
+                self._control.fan_out_logged(work.session_id, logged, finished.event_ids)
+                last.logged()
+            elif last is not None:
+                await last.send(terminal=True)
             if frame is not None:
                 await self._control.deliver_frames(work.session_id, [frame])
             if result is None:
@@ -133,6 +143,8 @@ class TurnOutcomes(RouterPart):
             return outcome
         # Refused (the store acknowledged the message unless its turn goes on): what the store
         # holds is the answer.
+        if last is not None:
+            await last.send(terminal=False)
         found = finished.found
         if found is not None and found.turn_id == work.turn_id:
             if found.outcome is not None:
@@ -163,12 +175,13 @@ class TurnOutcomes(RouterPart):
         patient: bool,
         letter: DeadLetter | None,
         result: Signal | None,
+        frames: TurnFrames | None = None,
     ) -> Finished | None:
         """The fused finish, retried while the store is out of reach (only tried once unless
         `patient`); None when still unknown after `forward_ttl`."""
         within = self._config.forward_ttl if patient else 0.0
         answered = await self._patiently(
-            lambda: self._finish(work, outcome, commit, letter, result), within
+            lambda: self._finish(work, outcome, commit, letter, result, frames), within
         )
         return None if answered is None else answered[0]
 
@@ -212,9 +225,10 @@ class TurnOutcomes(RouterPart):
         commit: StagedCommit | None,
         letter: DeadLetter | None,
         result: Signal | None = None,
+        frames: TurnFrames | None = None,
     ) -> Finished:
-        """Record the outcome, acknowledge the message's pending entry and publish `result`, in
-        one store call (see `HotPath.finish`)."""
+        """Record the outcome, acknowledge the message's pending entry, log `frames` and publish
+        `result`, in one store call (see `HotPath.finish`)."""
         # A started attempt this node holds answers only while it is the reservation's: a stale
         # one is refused. Work between attempts (a retry waiting out its backoff) holds nothing:
         # it is answered like a turn that never started.
@@ -230,6 +244,7 @@ class TurnOutcomes(RouterPart):
             letter,
             pending=pending,
             announce=result,
+            frames=frames,
         )
 
     async def _record_later(
