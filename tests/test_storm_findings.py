@@ -23,6 +23,7 @@ from stickless import (
     RouterClosedError,
     RouterConfig,
     SessionRouter,
+    SubmitDisposition,
     SubmitKind,
     SubmitRequest,
     TurnContext,
@@ -127,19 +128,20 @@ async def test_a_collect_whose_index_write_fails_loses_nothing(redis_url: str) -
 async def test_a_refused_submit_leaves_its_key_free(
     redis_url: str, failing: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with two_redis_routers(redis_url) as (_, bundles, (_, b)):
-        inbox, idempotency = bundles[1].inbox, bundles[1].idempotency  # B's
+    async with two_redis_routers(redis_url) as (journal, bundles, (_, b)):
+        idempotency = bundles[1].idempotency  # B's
 
         async def unreachable(*args: Any, **kwargs: Any) -> Any:
             raise connection_lost()
 
         if failing == "delivery":
-            # Given the store fails B's delivery and the clean-up after it (an outage)
-            monkeypatch.setattr(inbox, "deliver", unreachable)
+            # Given the store fails B's reserve (which queues the message for the holder) and
+            # the clean-up after it (an outage)
+            monkeypatch.setattr(idempotency, "put", unreachable)
             monkeypatch.setattr(idempotency, "discard_reservation", unreachable)
         else:
-            # Given B's reservation (one script, its index writes inside) is applied but its
-            # reply is lost
+            # Given B's reserve (one script: the reservation, the message queued for the holder
+            # and its doorbell) is applied but its reply is lost
             assert isinstance(idempotency, RedisIdempotencyStore)
             real_put = idempotency.put
 
@@ -149,15 +151,22 @@ async def test_a_refused_submit_leaves_its_key_free(
                 raise connection_lost()
 
             monkeypatch.setattr(idempotency, "put", put_then_lose)
-        with pytest.raises(BackendUnavailableError):
-            await b.submit(repro_request("keyed", idempotency_key="k"))
+        try:
+            submitted: SubmitDisposition | None = await b.submit(
+                repro_request("keyed", idempotency_key="k")
+            )
+        except BackendUnavailableError:
+            submitted = None  # refused: its message, if queued, was withdrawn and never runs
         monkeypatch.undo()
-        # When the client retries with the same key at once, the store being back
-        retry = await b.submit(repro_request("keyed", idempotency_key="k"))
-        # Then the turn runs (today: the retry attaches to the refused turn, which was never
-        # queued, and gets HOLDER_LOST or FORWARD_TIMEOUT after forward_ttl)
-        result = await asyncio.wait_for(retry.result, 10)
+        if submitted is None:
+            # When the client retries with the same key at once, the store being back
+            submitted = await b.submit(repro_request("keyed", idempotency_key="k"))
+        # Then the turn runs once (a submit is refused only while its message cannot run; a
+        # queued one that the holder took is followed instead) (formerly: the retry attached
+        # to the refused turn, which was never queued, and got HOLDER_LOST or FORWARD_TIMEOUT)
+        result = await asyncio.wait_for(submitted.result, 10)
         assert result.text == "echo:keyed"
+        assert journal.texts("s1").count("keyed") == 1
 
 
 @pytest.mark.xfail(REFUSED_BUT_QUEUED_BUG, strict=True, reason="see REFUSED_BUT_QUEUED_BUG")
@@ -423,12 +432,13 @@ async def test_a_submit_whose_reserve_is_rerun_after_its_turn_was_declared_lost_
         lost = Outcome.failure("", FailureCode.HOLDER_LOST, "holder stopped answering")
 
         async def rerun_after_a_reset(*args: Any, **kwargs: Any) -> Any:
-            # The reserve runs; its reply is lost while another node declares the turn lost;
-            # the client sends the reserve again.
-            await reserve(*args, **kwargs)
+            # The reserve runs (it queues the message for A); its reply is lost while another
+            # node declares the turn lost; the client sends the reserve again.
+            first = await reserve(*args, **kwargs)
             session_id, key, turn_id = args[:3]
             verdict = lost.model_copy(update={"turn_id": turn_id})
-            assert await idempotency.compare_and_reset(session_id, key, args[4], verdict)
+            holder = None if first.forwarded is not None else args[4]
+            assert await idempotency.compare_and_reset(session_id, key, holder, verdict)
             return await reserve(*args, **kwargs)
 
         monkeypatch.setattr(hotpath, "reserve", rerun_after_a_reset)
