@@ -1,10 +1,11 @@
 -- KEYS: reservation hash, record hash, the stale index, the holder's reservation index, the
--- session's three inbox tiers, its pending ids, its lease hash.
+-- session's three inbox tiers, its pending ids, its lease hash, the turn's index string.
 -- ARGV: turn, input hash, holder, secondary ttl, primary ttl, the reservation's index member,
--- ms the holder's index lives, agent ('' for no binding check).
+-- ms the holder's index lives, agent ('' for no binding check), the reservation's key.
 -- Reserves the key for the turn, held under the holder's live incarnation (none: it is stale at
 -- once), and indexes it (stale index due at once: the first scan verifies and rescores it;
--- holder index); with an agent, only if the session is not bound to another one.
+-- holder index; the turn's index string names the key, expiring with the reservation, so the
+-- turn is found by its id); with an agent, only if the session is not bound to another one.
 -- Reply: {1, stale deadline, quiet} when reserved (or already reserved by this very call: a
 -- rerun after a lost reply finds its own reservation), quiet 1 when the inbox held nothing and
 -- nothing was pending under a lease older than the current one; {0, reservation} when another
@@ -54,4 +55,6 @@ redis.call('HSET', KEYS[1], 'turn', ARGV[1], 'hash', ARGV[2], 'holder', ARGV[3],
   'inc', redis.call('GET', live_key(ARGV[3])) or '', 'state', 'IN_FLIGHT', 'touched', fmt(t),
   'stale', stale, 'exp', fmt(exp_at))
 expire_at(KEYS[1], exp_at)
+redis.call('SET', KEYS[10], ARGV[9])
+expire_at(KEYS[10], exp_at)
 return indexed(stale)
