@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 from .._errors import TurnFailedError
 from .._events import LATE_TERMINAL_SEQ, Event, TurnCompleted, TurnFailed, is_terminal
@@ -120,7 +121,7 @@ class TurnStream:
                 if grace_ends is None and answer.done():
                     grace_ends = loop.time() + TERMINAL_GRACE
                 if grace_ends is None:
-                    either: set[asyncio.Future[object]] = {pending, answer}  # type: ignore[arg-type]
+                    either: list[asyncio.Future[Any]] = [pending, answer]
                     await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
                 else:
                     await asyncio.wait({pending}, timeout=max(grace_ends - loop.time(), 0.0))
