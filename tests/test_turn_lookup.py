@@ -16,7 +16,7 @@ from stickless import (
 )
 from stickless.testing import LocalCluster
 
-from .agents import Journal, req
+from .agents import Journal, req, wait_until
 
 
 async def test_a_result_is_fetched_on_a_node_other_than_the_accepting_one(
@@ -170,3 +170,27 @@ async def test_the_transcript_is_read_on_any_node(backend_cluster: LocalCluster)
         ("assistant", "echo:two"),
     ]
     assert await b.transcript("nobody") == []
+
+
+async def test_turns_held_by_their_submitter_are_told_apart_by_the_holders_status(
+    backend_cluster: LocalCluster, journal: Journal
+) -> None:
+    a, b, _ = backend_cluster.nodes
+    # Given two turns submitted on A, which holds the session: one running, one in its mailbox
+    # (both reservations held by A at attempt 0)
+    journal.gate("first")
+    first = await a.submit(req("s1", "first"))
+    await journal.entered["first"].wait()
+    second = await a.submit(req("s1", "second"))
+
+    # When B has heard A's status naming the running turn
+    async def heard() -> bool:
+        return (await b.status("s1")).active_turn_id == first.turn_id
+
+    await wait_until(heard)
+    running, queued = await b.turn("s1", first.turn_id), await b.turn("s1", second.turn_id)
+    # Then B reports the first running on A and the second queued
+    assert (running.state, running.executed_by) == (TurnState.RUNNING, a.node_id)
+    assert (queued.state, queued.executed_by) == (TurnState.QUEUED, None)
+    journal.gates["first"].set()
+    assert (await b.result("s1", second.turn_id)).text == "echo:second"

@@ -16,6 +16,7 @@ from stickless import (
     TurnStream,
     is_terminal,
 )
+from stickless._events import LATE_TERMINAL_SEQ
 from stickless.testing import LocalCluster
 
 from .agents import Journal, req, stall_take_overs
@@ -139,3 +140,23 @@ async def test_a_stream_of_a_turn_its_forward_deadline_answered_ends_with_that_f
         _one_terminal_last(frames, stream.disposition.turn_id)
         last = frames[-1]
         assert isinstance(last, TurnFailed) and last.code is FailureCode.FORWARD_TIMEOUT
+
+
+async def test_a_stream_whose_answer_comes_without_a_terminal_frame_ends_with_one_made_from_it(
+    cluster_over: ClusterFactory, journal: Journal
+) -> None:
+    async with cluster_over(nodes=2, forward_ttl=1.5) as cluster:
+        a, b = cluster.nodes
+        # Given a session held by A, and B's streamed turn running there past B's forward
+        # deadline (B's caller is answered FORWARD_TIMEOUT; no frame says so: the turn runs on)
+        await (await a.submit(req("s1", "warm up"))).result
+        journal.gate("long")
+        stream = await b.stream(req("s1", "long"))
+        frames = await _drain(stream)
+        journal.gates["long"].set()
+        # Then the stream has the turn's frames, then one terminal frame made from the answer
+        assert _shape(frames) == ["turn_started", "text_delta", "turn_failed"]
+        _one_terminal_last(frames, stream.disposition.turn_id)
+        last = frames[-1]
+        assert isinstance(last, TurnFailed) and last.code is FailureCode.FORWARD_TIMEOUT
+        assert last.seq == LATE_TERMINAL_SEQ
