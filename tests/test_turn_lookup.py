@@ -194,3 +194,19 @@ async def test_turns_held_by_their_submitter_are_told_apart_by_the_holders_statu
     assert (queued.state, queued.executed_by) == (TurnState.QUEUED, None)
     journal.gates["first"].set()
     assert (await b.result("s1", second.turn_id)).text == "echo:second"
+
+
+async def test_a_result_wait_reads_the_store_when_no_signal_comes(
+    backend_cluster: LocalCluster, journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b, _ = backend_cluster.nodes
+    # Given a running turn on A, and B deaf to every answer announced to it
+    journal.gate("quiet")
+    disp = await a.submit(req("s1", "quiet"))
+    await journal.entered["quiet"].wait()
+    monkeypatch.setattr(b._callers, "resolve", lambda outcome: None)
+    # When B waits for its result and the turn finishes
+    waiting = asyncio.ensure_future(b.result("s1", disp.turn_id))
+    journal.gates["quiet"].set()
+    # Then B still gets it, from the stored outcome
+    assert (await waiting).text == "echo:quiet"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from .._errors import UnknownTurnError
+from .._errors import BackendUnavailableError, UnknownTurnError
 from .._types import TurnResult
 from ..backends.base import Reservation
 from ._api import TurnInfo, TurnState
@@ -43,11 +43,13 @@ class TurnLookup(RouterPart):
         self, session_id: str, turn_id: str, timeout: float | None  # noqa: ASYNC109 (the API's bound)
     ) -> TurnResult:
         """The turn's result once it has one: a TURN_RESULT (or a local answer) resolves the
-        wait, and the stored outcome is read again with backoff, so a lost signal never hangs.
+        wait, and the stored outcome is read again with backoff, so a lost signal never hangs
+        (a store out of reach on such a read only delays it).
 
         Raises:
             TurnFailedError: the turn failed (with its code).
             UnknownTurnError: the session has no such turn.
+            BackendUnavailableError: the first read of the store failed.
             TimeoutError: no answer within `timeout` seconds.
             RouterClosedError: this router closed while waiting.
         """
@@ -55,10 +57,10 @@ class TurnLookup(RouterPart):
         deadline = None if timeout is None else loop.time() + timeout
         future = self._callers.watch(turn_id, session_id)  # before the read: nothing is missed
         try:
+            found: Reservation | None = await self.find(session_id, turn_id)
             delay = _POLL_FIRST
             while not future.done():
-                found = await self.find(session_id, turn_id)
-                if found.outcome is not None:
+                if found is not None and found.outcome is not None:
                     settle(future, session_id, found.outcome)
                     break
                 wait = delay if deadline is None else min(delay, deadline - loop.time())
@@ -66,6 +68,11 @@ class TurnLookup(RouterPart):
                     raise TimeoutError(f"turn {turn_id} of {session_id} is not answered yet")
                 await asyncio.wait([future], timeout=wait)
                 delay = min(delay * 2, _POLL_MAX)
+                if not future.done():
+                    try:
+                        found = await self.find(session_id, turn_id)
+                    except BackendUnavailableError:  # a backstop read: the signal may still come
+                        found = None
             return future.result()
         finally:
             self._callers.remove(turn_id, future)
