@@ -18,7 +18,7 @@ from typing import Any
 from .._errors import InvalidRequestError
 from ..wire import WireError
 from ._protocol import encode_frame, read_frame
-from ._service import NodeService, error_to_wire
+from ._service import NodeService, error_to_wire, ticket_of
 
 log = logging.getLogger("stickless.node")
 
@@ -120,10 +120,14 @@ class NodeServer:
                     await stream.aclose()
                 value: Any = None
             elif op == "stream":
-                ticket, frames = await service.stream(args["request"])
-                await send({"id": request_id, "ready": True, "ticket": ticket})
-                async for event_frame in frames:
-                    await send({"id": request_id, "event": event_frame})
+                turn_stream = await service.stream(args["request"])
+                try:
+                    ticket = ticket_of(turn_stream.disposition)
+                    await send({"id": request_id, "ready": True, "ticket": ticket})
+                    async for event in turn_stream:
+                        await send({"id": request_id, "event": event.model_dump(mode="json")})
+                finally:
+                    await turn_stream.aclose()
                 value = None
             elif op == "submit":
                 value = await service.submit(args["request"])

@@ -116,7 +116,7 @@ class NodeService:
         """Submit; returns a ticket {kind, turn_id, node_id, session_id, attached, origin}."""
         disposition = await self.router.submit(request)
         self._keep(disposition)
-        return _ticket(disposition)
+        return ticket_of(disposition)
 
     def _keep(self, disposition: SubmitDisposition) -> None:
         turn_id = disposition.turn_id
@@ -175,13 +175,12 @@ class NodeService:
         """The session's committed transcript as primitives (see SessionRouter.transcript)."""
         return [entry.model_dump(mode="json") for entry in await self.router.transcript(session_id)]
 
-    async def stream(
-        self, request: Mapping[str, Any]
-    ) -> tuple[dict[str, Any], AsyncIterator[dict[str, Any]]]:
-        """Submit; the ticket, and the turn's frames as primitives (see SessionRouter.stream)."""
+    async def stream(self, request: Mapping[str, Any]) -> TurnStream:
+        """Submit and follow the turn (see SessionRouter.stream); its result is also kept for
+        `result(turn_id)` here. The caller closes the stream."""
         stream = await self.router.stream(request)
         self._keep(stream.disposition)
-        return _ticket(stream.disposition), _frames(stream)
+        return stream
 
     async def events(
         self, session_id: str, turn_id: str | None = None, after: str | None = None
@@ -217,7 +216,7 @@ class NodeService:
         await self.router.aclose(grace=grace)
 
 
-def _ticket(disposition: SubmitDisposition) -> dict[str, Any]:
+def ticket_of(disposition: SubmitDisposition) -> dict[str, Any]:
     """The primitives of a disposition a caller elsewhere needs to follow its turn."""
     return {
         "kind": disposition.kind.value,
@@ -229,19 +228,11 @@ def _ticket(disposition: SubmitDisposition) -> dict[str, Any]:
     }
 
 
-async def _frames(stream: TurnStream) -> AsyncIterator[dict[str, Any]]:
-    """A turn stream's frames as primitives; the stream is closed when they end or stop."""
-    try:
-        async for event in stream:
-            yield event.model_dump(mode="json")
-    finally:
-        await stream.aclose()
-
-
 __all__ = [
     "NodeService",
     "TurnConflictingAgentError",
     "error_from_wire",
     "error_to_wire",
     "load_opener",
+    "ticket_of",
 ]

@@ -187,8 +187,11 @@ class NodeRouter:
     ) -> AsyncIterator[RouterTicket | Event]:
         """Submit and follow that turn (a Ray streaming generator): first the ticket, then the
         turn's frames up to its terminal one (see SessionRouter.stream)."""
+        payload = (
+            request.model_dump(mode="python") if isinstance(request, SubmitRequest) else request
+        )
         service = await self._svc()
-        stream = await service.router.stream(request)
+        stream = await service.stream(payload)
         try:
             yield RouterTicket.of(stream.disposition)
             async for event in stream:
