@@ -125,9 +125,9 @@ class TurnStream:
                     await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
                 else:
                     await asyncio.wait({pending}, timeout=max(grace_ends - loop.time(), 0.0))
-                if not pending.done():
-                    if grace_ends is not None and loop.time() >= grace_ends:
+                    if not pending.done():
                         break
+                if not pending.done():
                     continue
                 try:
                     frame = pending.result()
