@@ -14,6 +14,7 @@ from ._errors import (
     SticklessError,
     TurnConflictingAgentError,
     TurnFailedError,
+    UnknownTurnError,
 )
 from ._events import (
     Event,
@@ -53,6 +54,10 @@ from .router import (
     SessionState,
     SubmitDisposition,
     SubmitKind,
+    SubmitOrigin,
+    TurnInfo,
+    TurnState,
+    TurnStream,
 )
 
 
@@ -102,6 +107,7 @@ __all__ = [
     "SticklessError",
     "SubmitDisposition",
     "SubmitKind",
+    "SubmitOrigin",
     "SubmitRequest",
     "SupportsInject",
     "TerminalError",
@@ -116,9 +122,13 @@ __all__ = [
     "TurnContext",
     "TurnFailed",
     "TurnFailedError",
+    "TurnInfo",
     "TurnOutput",
     "TurnResult",
+    "TurnState",
+    "TurnStream",
     "TurnStarted",
+    "UnknownTurnError",
     "UserInput",
     "is_terminal",
 ]

@@ -82,6 +82,11 @@ class DeadLetterNotFoundError(SticklessError, LookupError):
     """No dead letter has this id (HTTP 404): it never existed, or was replayed or removed."""
 
 
+class UnknownTurnError(SticklessError, LookupError):
+    """The session has no turn with this id (HTTP 404): never submitted, its reservation
+    expired or was discarded, or a newer turn took its idempotency key."""
+
+
 class ReplayRefusedError(SticklessError):
     """A dead letter cannot be replayed (HTTP 409), and is kept: it holds no readable message,
     or its idempotency key is answered or in flight under another turn (the message says)."""

@@ -13,6 +13,8 @@ from stickless import (
     InvalidRequestError,
     RouterClosedError,
     TurnFailedError,
+    TurnState,
+    UnknownTurnError,
 )
 from stickless.node import NodeClient, NodeServer, NodeService, load_opener
 from stickless.testing import LocalCluster
@@ -87,6 +89,56 @@ async def test_event_stream_over_the_connection(served: tuple[NodeClient, NodeCl
     assert {e.turn_id for e in seen} == {ticket["turn_id"]}
     status = await b.status("s1")
     assert status["holder"] is not None
+
+
+async def test_turn_lookups_cross_the_connection_on_any_node(
+    served: tuple[NodeClient, NodeClient], journal: Journal, cluster: LocalCluster
+) -> None:
+    a, b = served
+    # Given a turn submitted through A, held mid-run
+    journal.gate("held")
+    ticket = await a.submit(request("held"))
+    await journal.entered["held"].wait()
+    # When B looks it up by session and turn id
+    running = await b.turn("s1", ticket["turn_id"])
+    with pytest.raises(TimeoutError):
+        await b.result(ticket["turn_id"], session_id="s1", timeout=0.05)
+    waiting = asyncio.ensure_future(b.result(ticket["turn_id"], session_id="s1"))
+    journal.gates["held"].set()
+    result = await waiting
+    # Then it sees the turn run and gets its result, though A took the submit
+    assert (running.state, running.executed_by) == (TurnState.RUNNING, cluster.nodes[0].node_id)
+    assert (result.text, result.turn_id) == ("echo:held", ticket["turn_id"])
+    assert (await b.turn("s1", ticket["turn_id"])).state is TurnState.COMPLETED
+    assert [e.content for e in await b.transcript("s1")] == ["held", "echo:held"]
+    with pytest.raises(UnknownTurnError):
+        await b.result("no-such-turn", session_id="s1")
+
+
+async def test_a_streamed_submit_carries_its_ticket_then_the_turn(
+    served: tuple[NodeClient, NodeClient],
+) -> None:
+    a, b = served
+    await a.run(request("warm up", idempotency_key="k"))
+    # When B streams a new request, then the same key again (cached)
+    fresh = await b.stream(request("one two"))
+    fresh_frames = [e async for e in fresh]
+    cached = await b.stream(request("warm up", idempotency_key="k"))
+    cached_frames = [e async for e in cached]
+    # Then each stream names its origin and turn, and ends with the turn's completion
+    assert fresh.ticket is not None and cached.ticket is not None
+    assert (fresh.ticket["origin"], cached.ticket["origin"]) == ("new", "cached")
+    assert [e.type for e in fresh_frames] == [
+        "turn_started",
+        "text_delta",
+        "text_delta",
+        "turn_completed",
+    ]
+    assert {e.turn_id for e in fresh_frames} == {fresh.ticket["turn_id"]}
+    assert [e.type for e in cached_frames][-1] == "turn_completed"
+    # And a refused stream raises the submit's error
+    with pytest.raises(IdempotencyConflictError):
+        await b.stream(request("other", idempotency_key="k"))
 
 
 async def test_lost_connection_fails_pending_calls(

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from stickless import FailureCode, TurnFailedError
+from stickless import FailureCode, TurnFailedError, TurnState, is_terminal
 
 from .ray_cluster import ray_cluster  # noqa: F401  (fixture)
 from .redis_fixture import RedisServer
@@ -57,6 +57,28 @@ def test_one_router_per_node_and_forwarding(deployed: Any) -> None:
     result = ray.get(nodes[1].result.remote(ticket.turn_id))
     assert ticket.kind == "FORWARDED"
     assert result.executed_by == first.executed_by == pings[0]["node_id"]
+
+
+def test_lookups_and_streams_work_on_every_router(deployed: Any) -> None:
+    import ray
+
+    _, handles = deployed
+    nodes = list(handles.values())
+    # Given a turn submitted on the first router
+    ticket = ray.get(nodes[0].submit.remote(request("s3", "look up")))
+    # When the other routers look it up by session and turn id, and stream a new turn
+    result = ray.get(nodes[2].result.remote(ticket.turn_id, session_id="s3"))
+    info = ray.get(nodes[1].turn.remote("s3", ticket.turn_id))
+    entries = ray.get(nodes[1].transcript.remote("s3"))
+    items = [ray.get(ref) for ref in nodes[2].stream.remote(request("s3", "one two"))]
+    # Then they get its result, state and transcript, and the stream is its ticket, then
+    # that turn's frames ending with one terminal frame
+    assert (result.text, info.state, info.result) == ("echo:look up", TurnState.COMPLETED, result)
+    assert [e.content for e in entries] == ["look up"]
+    streamed, frames = items[0], items[1:]
+    assert (streamed.origin, streamed.session_id) == ("new", "s3")
+    assert {f.turn_id for f in frames} == {streamed.turn_id}
+    assert [is_terminal(f) for f in frames].count(True) == 1 and is_terminal(frames[-1])
 
 
 def test_killing_the_holder_router_answers_holder_lost_fast(deployed: Any) -> None:

@@ -123,6 +123,7 @@ async def test_keys_of_one_session_share_one_hash_tag(bundle: RedisBackends) -> 
             "inbox:1",
             "idem:k1",
             "idem:commit:t1",
+            "turn:t1",
             "events",
         }
         assert {key_slot(key.encode()) for key in own} == {key_slot(tag.encode())}

@@ -6,7 +6,8 @@ The key inventory (README, "Redis memory and retention"):
   removed by delete);
 - per session with a TTL: `lease` (its expiry), `tokens` (the last lease's expiry + token_ttl),
   `inbox:<tier>` (inbox_ttl after the last delivery; removed whole when collected), `idem:<key>`
-  (the primary TTL), `events` (event_log_ttl after the last append or delete);
+  (the primary TTL), `turn:<turn id>` (the reservation's TTL as reserved), `events`
+  (event_log_ttl after the last append or delete);
 - cluster-wide, no TTL on purpose: `idx:stale`, `idx:pending` (one each per namespace, members
   verified and dropped by the scans);
 - per holder with a TTL: `holder:<node>:leases` and `holder:<node>:idem` (twice the lease /

@@ -10,7 +10,8 @@ from typing import Any
 
 from .._errors import RouterClosedError
 from .._events import Event
-from .._types import SubmitRequest, TurnResult
+from .._types import CommittedEntry, SubmitRequest, TurnResult
+from ..router import TurnInfo
 from ..wire import WireError, event_from_payload
 from ._protocol import encode_frame, read_frame
 from ._service import error_from_wire
@@ -111,9 +112,46 @@ class NodeClient:
         ticket: dict[str, Any] = await self.call("submit", request=payload)
         return ticket
 
-    async def result(self, turn_id: str) -> TurnResult:
-        """Await a turn submitted on this node (raises TurnFailedError when it failed)."""
-        return TurnResult.model_validate(await self.call("result", turn_id=turn_id))
+    async def result(
+        self,
+        turn_id: str,
+        session_id: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the API's bound)
+    ) -> TurnResult:
+        """Await a turn: with `session_id` any turn of the cluster, else one submitted on this
+        node (raises TurnFailedError when it failed; see NodeService.result)."""
+        answer = await self.call("result", turn_id=turn_id, session_id=session_id, timeout=timeout)
+        return TurnResult.model_validate(answer)
+
+    async def turn(self, session_id: str, turn_id: str) -> TurnInfo:
+        """The turn's state and answer, from any node (see SessionRouter.turn)."""
+        return TurnInfo.model_validate(
+            await self.call("turn", session_id=session_id, turn_id=turn_id)
+        )
+
+    async def transcript(self, session_id: str) -> list[CommittedEntry]:
+        """The session's committed transcript (see SessionRouter.transcript)."""
+        entries = await self.call("transcript", session_id=session_id)
+        return [CommittedEntry.model_validate(entry) for entry in entries]
+
+    async def stream(self, request: SubmitRequest | Mapping[str, Any]) -> RemoteEventStream:
+        """Submit on the node and follow that turn's frames (see SessionRouter.stream); the
+        stream's `ticket` is the submit's.
+
+        Raises:
+            the errors of `submit` (nothing is streamed then).
+        """
+        payload = (
+            request.model_dump(mode="python") if isinstance(request, SubmitRequest) else request
+        )
+        request_id = next(self._ids)
+        stream = RemoteEventStream(self, request_id)
+        self._streams[request_id] = stream
+        await self._send({"id": request_id, "op": "stream", "args": {"request": payload}})
+        await stream.ready()
+        if stream.ticket is None:  # refused: the stream ended with the submit's error
+            await stream.__anext__()
+        return stream
 
     async def run(self, request: SubmitRequest | Mapping[str, Any]) -> TurnResult:
         ticket = await self.submit(request)
@@ -173,9 +211,14 @@ class RemoteEventStream:
         self._request_id = request_id
         self._queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self._ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        #: The submit's ticket, for a `stream` subscription (None for `events`).
+        self.ticket: dict[str, Any] | None = None
 
     def _deliver(self, frame: dict[str, Any]) -> None:
         if frame.get("ready"):
+            ticket = frame.get("ticket")
+            if isinstance(ticket, dict):
+                self.ticket = ticket
             if not self._ready.done():
                 self._ready.set_result(None)
             return

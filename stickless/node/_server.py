@@ -2,7 +2,8 @@
 
 Requests are `{"id", "op", "args"}`; answers are `{"id", "ok": True, "value"}` or
 `{"id", "ok": False, "error"}`; the `events` op answers `{"id", "ready": True}` once subscribed,
-streams `{"id", "event"}` frames and ends with `{"id", "ok": True, "value": None}`.
+streams `{"id", "event"}` frames and ends with `{"id", "ok": True, "value": None}`; the
+`stream` op does the same once submitted, its ready frame carrying the ticket.
 Requests on one connection run concurrently.
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 from .._errors import InvalidRequestError
 from ..wire import WireError
 from ._protocol import encode_frame, read_frame
-from ._service import NodeService, error_to_wire
+from ._service import NodeService, error_to_wire, ticket_of
 
 log = logging.getLogger("stickless.node")
 
@@ -118,10 +119,29 @@ class NodeServer:
                 finally:
                     await stream.aclose()
                 value: Any = None
+            elif op == "stream":
+                turn_stream = await service.stream(args["request"])
+                try:
+                    ticket = ticket_of(turn_stream.disposition)
+                    await send({"id": request_id, "ready": True, "ticket": ticket})
+                    async for event in turn_stream:
+                        await send({"id": request_id, "event": event.model_dump(mode="json")})
+                finally:
+                    await turn_stream.aclose()
+                value = None
             elif op == "submit":
                 value = await service.submit(args["request"])
             elif op == "result":
-                value = await service.result(str(args["turn_id"]))
+                session_id = args.get("session_id")
+                value = await service.result(
+                    str(args["turn_id"]),
+                    None if session_id is None else str(session_id),
+                    _timeout(args.get("timeout")),
+                )
+            elif op == "turn":
+                value = await service.turn(str(args["session_id"]), str(args["turn_id"]))
+            elif op == "transcript":
+                value = await service.transcript(str(args["session_id"]))
             elif op == "run":
                 value = await service.run(args["request"])
             elif op == "interrupt":
@@ -158,6 +178,19 @@ class NodeServer:
             await send({"id": request_id, "ok": False, "error": error_to_wire(exc)})
             return
         await send({"id": request_id, "ok": True, "value": value})
+
+
+def _timeout(raw: object) -> float | None:
+    """A `timeout` argument: None, or a number of seconds.
+
+    Raises:
+        InvalidRequestError: it is neither.
+    """
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        raise InvalidRequestError("timeout: must be a number of seconds or null")
+    return float(raw)
 
 
 def _forget(

@@ -1,8 +1,9 @@
 """The application-facing facade of one node: primitives in, primitives out.
 
 Both the loopback node server (separate OS processes) and the Ray node router wrap a
-`NodeService`, so a submit from either returns a small ticket and the result is fetched by turn
-id later — from the same node, which keeps each turn's answer until it is collected or expires.
+`NodeService`, so a submit from either returns a small ticket and the result is fetched later:
+by session and turn id on any node (the router's stored lookup), or by turn id alone on the
+node that took the submit, which keeps each turn's answer until it is collected or expires.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from .._errors import (
     SticklessError,
     TurnConflictingAgentError,
     TurnFailedError,
+    UnknownTurnError,
 )
 from .._session import LiveSessionOpener
 from .._types import TurnResult
-from ..router import SessionRouter, SubmitDisposition
+from ..router import SessionRouter, SubmitDisposition, TurnStream
 
 _ERRORS: dict[str, type[SticklessError]] = {
     cls.__name__: cls
@@ -38,6 +40,7 @@ _ERRORS: dict[str, type[SticklessError]] = {
         InvalidRequestError,
         RouterClosedError,
         SessionBusyError,
+        UnknownTurnError,
     )
 }
 
@@ -54,6 +57,8 @@ def error_to_wire(error: BaseException) -> dict[str, Any]:
         }
     # (a subclass travels as the nearest error the other side knows: NotLive as
     # BackendUnavailableError)
+    if isinstance(error, TimeoutError):
+        return {"type": "TimeoutError", "message": str(error)}
     name = next(
         (c.__name__ for c in type(error).__mro__ if c.__name__ in _ERRORS), "SticklessError"
     )
@@ -63,9 +68,11 @@ def error_to_wire(error: BaseException) -> dict[str, Any]:
     return {"type": name, "message": message}
 
 
-def error_from_wire(raw: Mapping[str, Any]) -> SticklessError:
+def error_from_wire(raw: Mapping[str, Any]) -> Exception:
     """Rebuild an error sent by `error_to_wire` (unknown types become SticklessError)."""
     message = str(raw.get("message", ""))
+    if raw.get("type") == "TimeoutError":
+        return TimeoutError(message)
     if raw.get("type") == "TurnFailedError":
         return TurnFailedError.of(
             FailureCode.parse(str(raw.get("code", ""))),
@@ -106,16 +113,10 @@ class NodeService:
         self._expiry: dict[str, asyncio.TimerHandle] = {}
 
     async def submit(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """Submit; returns a ticket {kind, turn_id, node_id, session_id, attached}."""
+        """Submit; returns a ticket {kind, turn_id, node_id, session_id, attached, origin}."""
         disposition = await self.router.submit(request)
         self._keep(disposition)
-        return {
-            "kind": disposition.kind.value,
-            "turn_id": disposition.turn_id,
-            "node_id": disposition.node_id,
-            "session_id": disposition.session_id,
-            "attached": disposition.attached,
-        }
+        return ticket_of(disposition)
 
     def _keep(self, disposition: SubmitDisposition) -> None:
         turn_id = disposition.turn_id
@@ -136,13 +137,25 @@ class NodeService:
         self._results.pop(turn_id, None)
         self._expiry.pop(turn_id, None)
 
-    async def result(self, turn_id: str) -> dict[str, Any]:
-        """Await a turn submitted through this node.
+    async def result(
+        self,
+        turn_id: str,
+        session_id: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the API's bound)
+    ) -> dict[str, Any]:
+        """Await a turn: with `session_id` any turn of the cluster (`SessionRouter.result`),
+        else one submitted through this node.
 
         Raises:
             TurnFailedError: the turn did not succeed.
-            InvalidRequestError: this node has no such turn (never submitted here, or expired).
+            UnknownTurnError: with `session_id`, the session has no such turn.
+            TimeoutError: with `session_id`, no answer within `timeout` seconds.
+            InvalidRequestError: without `session_id`, this node has no such turn (never
+                submitted here, or expired).
         """
+        if session_id is not None:
+            found = await self.router.result(session_id, turn_id, timeout=timeout)
+            return found.model_dump(mode="python")
         future = self._results.get(turn_id)
         if future is None:
             raise InvalidRequestError(f"turn_id: no turn {turn_id!r} was submitted on this node")
@@ -153,6 +166,21 @@ class NodeService:
         """Submit and await the result."""
         ticket = await self.submit(request)
         return await self.result(str(ticket["turn_id"]))
+
+    async def turn(self, session_id: str, turn_id: str) -> dict[str, Any]:
+        """The turn's state and answer as primitives (see SessionRouter.turn)."""
+        return (await self.router.turn(session_id, turn_id)).model_dump(mode="json")
+
+    async def transcript(self, session_id: str) -> list[dict[str, Any]]:
+        """The session's committed transcript as primitives (see SessionRouter.transcript)."""
+        return [entry.model_dump(mode="json") for entry in await self.router.transcript(session_id)]
+
+    async def stream(self, request: Mapping[str, Any]) -> TurnStream:
+        """Submit and follow the turn (see SessionRouter.stream); its result is also kept for
+        `result(turn_id)` here. The caller closes the stream."""
+        stream = await self.router.stream(request)
+        self._keep(stream.disposition)
+        return stream
 
     async def events(
         self, session_id: str, turn_id: str | None = None, after: str | None = None
@@ -188,10 +216,23 @@ class NodeService:
         await self.router.aclose(grace=grace)
 
 
+def ticket_of(disposition: SubmitDisposition) -> dict[str, Any]:
+    """The primitives of a disposition a caller elsewhere needs to follow its turn."""
+    return {
+        "kind": disposition.kind.value,
+        "turn_id": disposition.turn_id,
+        "node_id": disposition.node_id,
+        "session_id": disposition.session_id,
+        "attached": disposition.attached,
+        "origin": disposition.origin.value,
+    }
+
+
 __all__ = [
     "NodeService",
     "TurnConflictingAgentError",
     "error_from_wire",
     "error_to_wire",
     "load_opener",
+    "ticket_of",
 ]

@@ -23,9 +23,9 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError
 
 from .._config import DeploymentMode, RouterConfig
 from .._events import Event
-from .._types import SubmitRequest, TurnResult
+from .._types import CommittedEntry, SubmitRequest, TurnResult
 from ..node import NodeService, load_opener
-from ..router import ClusterSessionStatus, SessionRouter
+from ..router import ClusterSessionStatus, SessionRouter, SubmitDisposition, TurnInfo
 
 log = logging.getLogger("stickless.ray")
 
@@ -43,6 +43,20 @@ class RouterTicket:
     session_id: str
     #: True when the request followed an earlier running turn with the same idempotency key.
     attached: bool = False
+    #: "new", "attached" or "cached" (see `SubmitDisposition.origin`).
+    origin: str = "new"
+
+    @classmethod
+    def of(cls, disposition: SubmitDisposition) -> RouterTicket:
+        """The ticket of a disposition."""
+        return cls(
+            kind=disposition.kind.value,
+            turn_id=disposition.turn_id,
+            node_id=disposition.node_id,
+            session_id=disposition.session_id,
+            attached=disposition.attached,
+            origin=disposition.origin.value,
+        )
 
 
 class NodeRouter:
@@ -143,12 +157,47 @@ class NodeRouter:
             node_id=str(ticket["node_id"]),
             session_id=str(ticket["session_id"]),
             attached=bool(ticket["attached"]),
+            origin=str(ticket["origin"]),
         )
 
-    async def result(self, turn_id: str) -> TurnResult:
-        """Await a turn submitted on this router (raises TurnFailedError when it failed)."""
+    async def result(
+        self,
+        turn_id: str,
+        session_id: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the API's bound)
+    ) -> TurnResult:
+        """Await a turn: with `session_id` any turn of the cluster (whichever router took it,
+        even a dead one), else one submitted on this router (raises TurnFailedError when it
+        failed; see NodeService.result)."""
         service = await self._svc()
-        return TurnResult.model_validate(await service.result(turn_id))
+        return TurnResult.model_validate(await service.result(turn_id, session_id, timeout))
+
+    async def turn(self, session_id: str, turn_id: str) -> TurnInfo:
+        """The turn's state and answer, without waiting (see SessionRouter.turn)."""
+        service = await self._svc()
+        return await service.router.turn(session_id, turn_id)
+
+    async def transcript(self, session_id: str) -> list[CommittedEntry]:
+        """The session's committed transcript (see SessionRouter.transcript)."""
+        service = await self._svc()
+        return await service.router.transcript(session_id)
+
+    async def stream(
+        self, request: SubmitRequest | Mapping[str, Any]
+    ) -> AsyncIterator[RouterTicket | Event]:
+        """Submit and follow that turn (a Ray streaming generator): first the ticket, then the
+        turn's frames up to its terminal one (see SessionRouter.stream)."""
+        payload = (
+            request.model_dump(mode="python") if isinstance(request, SubmitRequest) else request
+        )
+        service = await self._svc()
+        stream = await service.stream(payload)
+        try:
+            yield RouterTicket.of(stream.disposition)
+            async for event in stream:
+                yield event
+        finally:
+            await stream.aclose()
 
     async def run(self, request: SubmitRequest | Mapping[str, Any]) -> TurnResult:
         """Submit and await the result."""

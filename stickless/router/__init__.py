@@ -1,9 +1,18 @@
 """The node supervisor and its public face, SessionRouter."""
 
-from ._api import ClusterSessionStatus, SessionState, SubmitDisposition, SubmitKind
+from ._api import (
+    ClusterSessionStatus,
+    SessionState,
+    SubmitDisposition,
+    SubmitKind,
+    SubmitOrigin,
+    TurnInfo,
+    TurnState,
+)
 from ._dead_letters import DeadLetters, ReplayResult, deliver_replay
 from ._router import SessionRouter
 from ._stream import EventStream
+from ._turn_stream import TurnStream
 
 __all__ = [
     "ClusterSessionStatus",
@@ -14,5 +23,9 @@ __all__ = [
     "SessionState",
     "SubmitDisposition",
     "SubmitKind",
+    "SubmitOrigin",
+    "TurnInfo",
+    "TurnState",
+    "TurnStream",
     "deliver_replay",
 ]

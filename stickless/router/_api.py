@@ -1,4 +1,4 @@
-"""Values the router hands back to callers: dispositions and status snapshots."""
+"""Values the router hands back to callers: dispositions, turn lookups and status snapshots."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
+from .._errors import FailureCode
 from .._types import TurnResult
 
 
@@ -18,6 +19,14 @@ class SubmitKind(enum.StrEnum):
     FORWARDED = "FORWARDED"
     #: The key already holds its answer: nothing runs, `result` is already done.
     CACHED = "CACHED"
+
+
+class SubmitOrigin(enum.StrEnum):
+    """Whether a submit started a turn, followed one still running, or got a stored answer."""
+
+    NEW = "new"
+    ATTACHED = "attached"
+    CACHED = "cached"
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +45,39 @@ class SubmitDisposition:
     #: True when the request follows an earlier turn with the same idempotency key that is
     #: still running (`turn_id` is that turn's); False for a new turn or a cached answer.
     attached: bool = False
+
+    @property
+    def origin(self) -> SubmitOrigin:
+        """New turn, attached to a running one (same idempotency key), or a cached answer."""
+        if self.kind is SubmitKind.CACHED:
+            return SubmitOrigin.CACHED
+        return SubmitOrigin.ATTACHED if self.attached else SubmitOrigin.NEW
+
+
+class TurnState(enum.StrEnum):
+    """Where a turn is, as `router.turn` reads it from the store (see docs, "Turn lookup")."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class TurnInfo(BaseModel):
+    """A turn looked up by id, without waiting: its state, the node running it or that ran it
+    (or decided its failure), and its result or failure."""
+
+    model_config = ConfigDict(frozen=True)
+    session_id: str
+    turn_id: str
+    state: TurnState
+    #: The node running the turn (RUNNING) or that answered it; None while queued.
+    executed_by: str | None = None
+    #: The attempt running or recorded last (0: none started yet).
+    attempt: int = 0
+    result: TurnResult | None = None
+    failure_code: FailureCode | None = None
+    failure_message: str | None = None
 
 
 class SessionState(enum.StrEnum):

@@ -32,6 +32,9 @@ class _Waiter:
     session_id: str
     #: True when the caller follows the turn from afar (a forward's deadline applies to it).
     forwarded: bool
+    #: True for a `router.result` lookup: never made forwarded, so no forward deadline fails
+    #: it (it waits for the stored answer, however long the turn takes).
+    watching: bool = False
 
 
 class CallerTable:
@@ -67,6 +70,15 @@ class CallerTable:
         """Make an existing caller's future wait on `turn_id`."""
         self._waiters.setdefault(turn_id, []).append(_Waiter(future, session_id, forwarded))
 
+    def watch(self, turn_id: str, session_id: str) -> asyncio.Future[TurnResult]:
+        """Register a lookup of a turn's answer (`router.result`): resolved with the turn's
+        answer like any caller, never failed by a forward's deadline."""
+        future: asyncio.Future[TurnResult] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_consume_exception)
+        waiter = _Waiter(future, session_id, forwarded=False, watching=True)
+        self._waiters.setdefault(turn_id, []).append(waiter)
+        return future
+
     def remove(self, turn_id: str, future: asyncio.Future[TurnResult]) -> None:
         waiters = self._waiters.get(turn_id)
         if waiters is None:
@@ -77,11 +89,13 @@ class CallerTable:
             self._drop_forward(turn_id)
 
     def waiting(self, turn_id: str) -> bool:
-        return turn_id in self._waiters
+        """Whether a caller of the turn waits here (a `router.result` lookup does not count:
+        it never makes this node follow the turn)."""
+        return any(not w.watching for w in self._waiters.get(turn_id, ()))
 
     def futures(self) -> list[asyncio.Future[TurnResult]]:
-        """Every waiting caller's future."""
-        return [w.future for waiters in self._waiters.values() for w in waiters]
+        """Every waiting caller's future (not the lookups')."""
+        return [w.future for waiters in self._waiters.values() for w in waiters if not w.watching]
 
     def track(self, forward: Forward, *, replace: bool = True) -> None:
         """Follow a turn from afar: its callers here become forwarded, with `forward`'s deadline.
@@ -92,7 +106,7 @@ class CallerTable:
             return
         self._drop_forward(forward.turn_id)
         for waiter in self._waiters.get(forward.turn_id, ()):
-            waiter.forwarded = True
+            waiter.forwarded = not waiter.watching
         loop = asyncio.get_running_loop()
         forward.timer = loop.call_at(forward.deadline, self._deadline_reached, forward)
         self._forwards[forward.turn_id] = forward

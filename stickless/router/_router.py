@@ -18,7 +18,7 @@ from .._config import DeploymentMode, RouterConfig
 from .._errors import BackendUnavailableError, RouterClosedError
 from .._metrics import NOOP_METRICS, SafeMetrics, SessionMetrics
 from .._session import FactoryOpener, LiveSession, LiveSessionOpener
-from .._types import SubmitRequest
+from .._types import CommittedEntry, SubmitRequest, TurnResult
 from ..actors import SessionActor, StopReason
 from ..backends.base import HOLDER_INDEX_TTL, Backends, Lease
 from ..wire import (
@@ -28,7 +28,7 @@ from ..wire import (
     TurnResultPayload,
     YieldPayload,
 )
-from ._api import ClusterSessionStatus, SessionState, SubmitDisposition
+from ._api import ClusterSessionStatus, SessionState, SubmitDisposition, TurnInfo
 from ._background import Background, io, log, quiet
 from ._callers import CallerTable, Forward
 from ._context import NodeContext
@@ -37,6 +37,7 @@ from ._dead_letters import DeadLetters
 from ._handover import Handover
 from ._host import NodeActorHost
 from ._interrupts import Interrupts
+from ._lookup import TurnLookup
 from ._outcomes import TurnOutcomes
 from ._renewal import LeaseRenewer
 from ._sessions import LocalSessions
@@ -44,6 +45,7 @@ from ._status import STATUS_COALESCE, StatusBoard
 from ._stream import EventStream
 from ._submit import Submitter
 from ._sweeps import Sweeps
+from ._turn_stream import TurnStream
 
 
 class SessionRouter:
@@ -93,6 +95,7 @@ class SessionRouter:
         self._submitter = Submitter(*acting)
         self._interrupts = Interrupts(*acting)
         self._sweeps = Sweeps(*acting, handover=self._handover)
+        self._lookup = TurnLookup(ctx, self._sessions)
         self._dead_letters = DeadLetters(backends.dead_letters, self.submit, self._check_open)
         self._host = NodeActorHost(
             ctx,
@@ -264,6 +267,61 @@ class SessionRouter:
         req = self._submitter.validate(request)
         self._check_open()
         return await self._submitter.submit(req)
+
+    async def result(
+        self, session_id: str, turn_id: str, timeout: float | None = None  # noqa: ASYNC109 (the API's bound)
+    ) -> TurnResult:
+        """The turn's result, from any node (whichever took the submit, even if it died),
+        waiting while the turn is queued or running.
+
+        Raises:
+            TurnFailedError: the turn failed (`.code` says why).
+            UnknownTurnError: the session has no such turn, or it expired.
+            TimeoutError: no answer within `timeout` seconds.
+            BackendUnavailableError: the store could not be read.
+            RouterClosedError: this router is (or got) closed.
+        """
+        self._check_open()
+        return await self._lookup.result(session_id, turn_id, timeout)
+
+    async def turn(self, session_id: str, turn_id: str) -> TurnInfo:
+        """The turn's state (queued, running, completed, failed) and answer, without waiting.
+
+        Raises:
+            UnknownTurnError: the session has no such turn, or it expired.
+            BackendUnavailableError: the store could not be read.
+        """
+        self._check_open()
+        return await self._lookup.turn(session_id, turn_id)
+
+    async def stream(self, request: SubmitRequest | Mapping[str, Any]) -> TurnStream:
+        """Submit, and stream that turn's frames from its first one to its terminal one, be it
+        new, attached to the running turn of the same key, or answered from the cache
+        (`.disposition.origin` says which).
+
+        Raises:
+            the errors of `submit` (nothing is streamed then).
+        """
+        req = self._submitter.validate(request)
+        self._check_open()
+        live = self._control.stream(req.session_id, None, None)
+        try:
+            await live.ready()  # frames from other nodes are heard before the turn can start
+            disposition = await self._submitter.submit(req)
+        except BaseException:
+            await live.aclose()
+            raise
+        return TurnStream(disposition, live, self._backends.events)
+
+    async def transcript(self, session_id: str) -> list[CommittedEntry]:
+        """The session's committed transcript, read from its record (empty without one).
+
+        Raises:
+            BackendUnavailableError: the store could not be read.
+        """
+        self._check_open()
+        record = await io(self._backends.records.load(session_id))
+        return [] if record is None else list(record.entries)
 
     def events(
         self, session_id: str, turn_id: str | None = None, after: str | None = None

@@ -206,3 +206,9 @@ class IdempotencyStore(Protocol):
         ...
 
     async def find(self, session_id: str, key: str) -> Reservation | None: ...
+
+    async def find_turn(self, session_id: str, turn_id: str) -> Reservation | None:
+        """The reservation made for `turn_id` (whichever key it is under), found through the
+        session's turn index written with it; None when the turn was never reserved, its
+        reservation expired or was discarded, or a newer turn took its key."""
+        ...

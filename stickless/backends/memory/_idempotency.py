@@ -124,6 +124,7 @@ def put_locked(
         stale_at=now + secondary_ttl,
         expires_at=now + primary_ttl,
     )
+    state.turn_keys[(session_id, turn_id)] = (key, now + primary_ttl)
     return None
 
 
@@ -359,6 +360,23 @@ class MemoryIdempotencyStore:
             now = state.clock()
             row = _live_reservation(state, session_id, key, now)
             return None if row is None else _view(state, session_id, key, row, now)
+
+    async def find_turn(self, session_id: str, turn_id: str) -> Reservation | None:
+        """The reservation made for `turn_id`, through the turn index (an expired entry is
+        dropped, as a key TTL would)."""
+        with self._link.open() as state:
+            now = state.clock()
+            entry = state.turn_keys.get((session_id, turn_id))
+            if entry is None:
+                return None
+            key, expires_at = entry
+            if expires_at <= now:
+                del state.turn_keys[(session_id, turn_id)]
+                return None
+            row = _live_reservation(state, session_id, key, now)
+            if row is None or row.turn_id != turn_id:
+                return None
+            return _view(state, session_id, key, row, now)
 
 
 # --------------------------------------------------------------------------- event log

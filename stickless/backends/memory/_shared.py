@@ -111,6 +111,9 @@ class State:
         self.pending: dict[str, dict[int, dict[str, InboxRow]]] = {}
         self.message_seq = 0
         self.reservations: dict[tuple[str, str], ReservationRow] = {}
+        #: Per (session, turn id), the key its reservation was made under and when that entry
+        #: expires (the reservation's reserve-time expiry).
+        self.turn_keys: dict[tuple[str, str], tuple[str, float]] = {}
         #: Per session, a bounded deque of (event id, encoded frame), oldest first.
         self.event_streams: dict[str, deque[tuple[str, bytes]]] = {}
         #: Last event id per session as (ms, n); kept after delete so ids never go back, until

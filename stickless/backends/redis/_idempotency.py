@@ -141,6 +141,7 @@ class RedisIdempotencyStore(_Role):
                 keys.lease(session_id),
                 delivery,
                 keys.pending_index,
+                keys.turn_index(session_id, turn_id),
             ],
             args=[
                 turn_id,
@@ -151,6 +152,7 @@ class RedisIdempotencyStore(_Role):
                 reservation_member(session_id, key, turn_id),
                 _ms(HOLDER_INDEX_TTL),
                 agent_ref or "",
+                key,
                 *forward_args,
             ],
         )
@@ -465,3 +467,12 @@ class RedisIdempotencyStore(_Role):
         """The reservation, or None when missing or past its primary TTL."""
         reply = await self._scripts.idem_find(keys=[self._keys.reservation(session_id, key)])
         return None if reply is None else _reservation(session_id, key, reply)
+
+    async def find_turn(self, session_id: str, turn_id: str) -> Reservation | None:
+        """The reservation made for `turn_id`, through the turn's index string (two commands:
+        a turn's key never changes, so nothing can come between them that matters)."""
+        key = await self._client.get(self._keys.turn_index(session_id, turn_id))
+        if key is None:
+            return None
+        found = await self.find(session_id, _text(key))
+        return found if found is not None and found.turn_id == turn_id else None

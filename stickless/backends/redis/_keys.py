@@ -102,6 +102,11 @@ class Keys:
         """Hash of one idempotency reservation (the key may hold any characters)."""
         return f"{self.tag(session_id)}:idem:{key}"
 
+    def turn_index(self, session_id: str, turn_id: str) -> str:
+        """String naming the reservation key a turn was reserved under (so a turn is found by
+        its id); written with the reservation, expiring with its reserve-time TTL."""
+        return f"{self.tag(session_id)}:turn:{turn_id}"
+
     def event_log(self, session_id: str) -> str:
         """Stream of the session's event frames (its max-deleted-entry-id is the newest dropped
         frame); expires `event_log_ttl` after its last append or delete."""

@@ -1,13 +1,15 @@
 -- KEYS: reservation hash, record hash, the stale index, the holder's reservation index, the
--- session's three inbox tiers, its pending ids, its lease hash; with a forward, this delivery's
--- key and the pending index.
+-- session's three inbox tiers, its pending ids, its lease hash, this delivery's key and the
+-- pending index (used with a forward), the turn's index string.
 -- ARGV: turn, input hash, holder, secondary ttl, primary ttl, the reservation's index member,
--- ms the holder's index lives, agent ('' for no binding check); with a forward: the encoded
--- envelope ('' for none), its tier index, seconds the delivery is remembered, tier ttl (ms),
--- seconds the holderless reservation stays fresh, the control channel, the session id.
+-- ms the holder's index lives, agent ('' for no binding check), the reservation's key; with a
+-- forward: the encoded envelope ('' for none), its tier index, seconds the delivery is
+-- remembered, tier ttl (ms), seconds the holderless reservation stays fresh, the control
+-- channel, the session id.
 -- Reserves the key for the turn, held under the holder's live incarnation (none: it is stale at
 -- once), and indexes it (stale index due at once: the first scan verifies and rescores it;
--- holder index); with an agent, only if the session is not bound to another one. With a
+-- holder index; the turn's index string names the key, expiring with the reservation, so the
+-- turn is found by its id); with an agent, only if the session is not bound to another one. With a
 -- forward, when another live holder has the session's lease, the reservation is made
 -- holderless instead, the envelope queued (once per delivery) and the holder's doorbell rung.
 -- Reply: {1, stale deadline, quiet} when reserved (or already reserved by this very call: a
@@ -42,20 +44,20 @@ end
 local function queue(t, cur)
   local arrived = fmt(t)
   local was_empty = redis.call('EXISTS', KEYS[5], KEYS[6], KEYS[7]) == 0
-  local tier = KEYS[5 + tonumber(ARGV[10])]
-  local id = redis.call('XADD', tier, '*', 'e', ARGV[9], 't', arrived)
-  redis.call('PEXPIRE', tier, ARGV[12])
-  redis.call('SET', KEYS[10], id .. ' ' .. arrived, 'EX', ARGV[11])
+  local tier = KEYS[5 + tonumber(ARGV[11])]
+  local id = redis.call('XADD', tier, '*', 'e', ARGV[10], 't', arrived)
+  redis.call('PEXPIRE', tier, ARGV[13])
+  redis.call('SET', KEYS[10], id .. ' ' .. arrived, 'EX', ARGV[12])
   if was_empty then
-    redis.call('ZADD', KEYS[11], arrived, ARGV[15])
+    redis.call('ZADD', KEYS[11], arrived, ARGV[16])
   else
-    redis.call('ZADD', KEYS[11], 'NX', arrived, ARGV[15])
+    redis.call('ZADD', KEYS[11], 'NX', arrived, ARGV[16])
   end
-  redis.call('PUBLISH', ARGV[14], cmsgpack.pack({kind = 'MESSAGE_ENQUEUED',
-    session_id = ARGV[15], origin = ARGV[3], payload = {held_by = cur[1]}}))
+  redis.call('PUBLISH', ARGV[15], cmsgpack.pack({kind = 'MESSAGE_ENQUEUED',
+    session_id = ARGV[16], origin = ARGV[3], payload = {held_by = cur[1]}}))
   return {4, id, cur[1], cur[2]}
 end
-local forwarding = ARGV[9] ~= nil and ARGV[9] ~= ''
+local forwarding = ARGV[10] ~= nil and ARGV[10] ~= ''
 if ARGV[8] ~= '' then
   local bound = redis.call('HGET', KEYS[2], 'agent')
   if bound and bound ~= ARGV[8] then
@@ -81,10 +83,12 @@ if r and (r.state ~= 'FAILED' or r.turn == ARGV[1]) then
 end
 local exp_at = t + tonumber(ARGV[5])
 redis.call('DEL', KEYS[1])
+redis.call('SET', KEYS[12], ARGV[9])
+expire_at(KEYS[12], exp_at)
 local cur = forwarding and live_lease(KEYS[9], t)
 if cur and cur[1] ~= ARGV[3] then
   redis.call('HSET', KEYS[1], 'turn', ARGV[1], 'hash', ARGV[2], 'state', 'IN_FLIGHT',
-    'touched', fmt(t), 'stale', fmt(t + tonumber(ARGV[13])), 'exp', fmt(exp_at))
+    'touched', fmt(t), 'stale', fmt(t + tonumber(ARGV[14])), 'exp', fmt(exp_at))
   expire_at(KEYS[1], exp_at)
   redis.call('ZADD', KEYS[3], 'LT', 0, ARGV[6])
   return queue(t, cur)
