@@ -134,6 +134,23 @@ async def test_pending_index_heals(bundle: RedisBackends) -> None:
     assert await client.zscore(index, "s-collected") is None
 
 
+async def test_deliveries_and_takes_keep_the_pending_index_in_their_scripts(
+    bundle: RedisBackends,
+) -> None:
+    inbox, client, index = bundle.inbox, bundle.client, bundle.keys.pending_index
+    # Given two deliveries to an empty inbox
+    await inbox.deliver(envelope("t1"))
+    first = await client.zscore(index, "s1")
+    await inbox.deliver(envelope("t2"))
+    # Then the session is indexed at its oldest arrival (the second one leaves the score)
+    assert first is not None and await client.zscore(index, "s1") == first
+    # When a take leaves entries pending, the entry stays; when one leaves nothing, it goes
+    await inbox.collect("s1", Priority.LATER, 1)
+    assert await client.zscore(index, "s1") == first
+    await inbox.purge("s1")
+    assert await client.zscore(index, "s1") is None
+
+
 async def test_pending_index_rescores_a_too_early_score(bundle: RedisBackends) -> None:
     inbox, client, index = bundle.inbox, bundle.client, bundle.keys.pending_index
     # Given a fresh message whose index score claims it is ancient

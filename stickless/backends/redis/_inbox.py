@@ -82,20 +82,14 @@ class RedisInbox(_Role):
         # One id per delivery: redis-py sends the very same call again after a lost reply (and
         # a caller may, with the same id), and the script appends a delivery id only once.
         delivery_id = delivery_id or uuid.uuid4().hex
-        stream_id, arrived, was_empty = await self._scripts.inbox_deliver(
-            keys=[*self._keys.inbox(session_id), self._keys.delivery(session_id, delivery_id)],
-            args=[TIERS.index(priority), data, DELIVERY_MEMORY, _ms(self._ttl)],
+        stream_id, _, _ = await self._scripts.inbox_deliver(
+            keys=[
+                *self._keys.inbox(session_id),
+                self._keys.delivery(session_id, delivery_id),
+                self._keys.pending_index,
+            ],
+            args=[TIERS.index(priority), data, DELIVERY_MEMORY, _ms(self._ttl), session_id],
         )
-        # First message: the exact arrival time. Otherwise only fill a missing entry (a crash
-        # between script and index write); a present one already scores an older arrival.
-        # The message is queued by now: an index failure must not report the delivery failed
-        # (the index only serves the orphan scan, and the next delivery refills it).
-        try:
-            await self._client.zadd(
-                self._keys.pending_index, {session_id: float(arrived)}, nx=not int(was_empty)
-            )
-        except Exception as exc:
-            logger.warning("pending index update for %s failed: %s", session_id, exc)
         return f"{int(priority)}:{_text(stream_id)}"
 
     async def collect(
@@ -127,23 +121,23 @@ class RedisInbox(_Role):
         # rerun answers the batch the first run took (instead of nothing).
         keys = self._keys
         take_id = uuid.uuid4().hex
-        taken_at, remaining, flat, redelivered, reclaimed = await self._scripts.inbox_take(
+        _, _, flat, redelivered, reclaimed = await self._scripts.inbox_take(
             keys=[
                 *keys.inbox(session_id),
                 keys.take(session_id, take_id),
                 *keys.pending(session_id),
+                keys.pending_index,
             ],
-            args=[last_tier, DELIVERY_MEMORY, token, reclaim, _ms(self._ttl), int(purge)],
+            args=[
+                last_tier,
+                DELIVERY_MEMORY,
+                token,
+                reclaim,
+                _ms(self._ttl),
+                int(purge),
+                session_id,
+            ],
         )
-        if (flat or purge) and not int(remaining):
-            # Nothing is queued or pending any more: an index failure must not fail the take
-            # (a stale index entry is dropped by the next pending_sessions scan).
-            try:
-                await self._scripts.index_drop(
-                    keys=[keys.pending_index], args=[session_id, _text(taken_at)]
-                )
-            except Exception as exc:
-                logger.warning("pending index cleanup for %s failed: %s", session_id, exc)
         return _decode_entries(session_id, flat, int(redelivered), int(reclaimed))
 
     async def is_empty(self, session_id: str) -> bool:

@@ -1,8 +1,10 @@
--- KEYS: the session's tier streams (NOW, NEXT, LATER), this delivery's key.
+-- KEYS: the session's tier streams (NOW, NEXT, LATER), this delivery's key, the pending index.
 -- ARGV: tier index, encoded envelope, seconds the delivery is remembered,
--- tier ttl (ms): the tier expires that long after its last delivery unless collected first.
+-- tier ttl (ms): the tier expires that long after its last delivery unless collected first,
+-- the session id.
 -- Appends the envelope unless this delivery id was appended before (the same call run again
--- after a lost reply): then it answers what the first run answered and appends nothing.
+-- after a lost reply): then it answers what the first run answered and appends nothing. The
+-- pending index scores the session at its oldest arrival (this one when the inbox was empty).
 -- Reply: {stream id, arrival time, 1 when the inbox was empty before}.
 local known = redis.call('GET', KEYS[4])
 if known then
@@ -18,4 +20,9 @@ local tier = KEYS[tonumber(ARGV[1]) + 1]
 local id = redis.call('XADD', tier, '*', 'e', ARGV[2], 't', t)
 redis.call('PEXPIRE', tier, ARGV[4])
 redis.call('SET', KEYS[4], id .. ' ' .. t, 'EX', ARGV[3])
+if was_empty == 1 then
+  redis.call('ZADD', KEYS[5], t, ARGV[5])
+else
+  redis.call('ZADD', KEYS[5], 'NX', t, ARGV[5])
+end
 return {id, t, was_empty}

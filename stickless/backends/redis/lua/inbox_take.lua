@@ -1,10 +1,12 @@
 -- KEYS: the session's tier streams (NOW, NEXT, LATER), this take's key, the pending ids (sorted
 -- set: message id by lease token) and the pending entries (hash: message id -> packed
 -- {envelope, arrival, taken}; `taken` is when a take last moved the entry under a token, and an
--- entry written before that field existed has only the first two).
+-- entry written before that field existed has only the first two), the pending index.
 -- ARGV: highest tier index to take, seconds the take is remembered, lease token, highest token
 -- whose pending entries are taken over too (-1: none), ms the pending set lives after a write,
--- 1 to purge (everything is removed, nothing is kept pending).
+-- 1 to purge (everything is removed, nothing is kept pending), the session id.
+-- A take that leaves nothing queued or pending drops the session from the pending index (as
+-- index_drop does: unless a later delivery rescored it).
 -- Moves every entry of tiers 0..ARGV[1] into the pending set under the token (the streams are
 -- deleted whole) together with the pending entries of tokens up to ARGV[4], stamping each with
 -- the server clock. The reply is kept under this take's key, so the same call run again after a
@@ -82,8 +84,14 @@ elseif #out > 0 then
   redis.call('PEXPIRE', KEYS[5], ARGV[5])
   redis.call('PEXPIRE', KEYS[6], ARGV[5])
 end
-local reply = {taken, redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[5]), out, redelivered,
-  reclaimed}
+local remaining = redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[5])
+if (#out > 0 or purge) and remaining == 0 then
+  local score = redis.call('ZSCORE', KEYS[7], ARGV[7])
+  if score and tonumber(score) <= tonumber(taken) then
+    redis.call('ZREM', KEYS[7], ARGV[7])
+  end
+end
+local reply = {taken, remaining, out, redelivered, reclaimed}
 if #out > 0 then
   redis.call('SET', KEYS[4], cmsgpack.pack(reply), 'EX', ARGV[2])
 end
