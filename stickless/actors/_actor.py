@@ -263,11 +263,24 @@ class SessionActor:
         token = self.token
         if self.lease is None:
             return []
+        host, in_doubt = self._host, self._collect_in_doubt
         try:
             # After a collect that failed, its batch may be pending under this lease unseen.
-            batch = await self._host.backends.inbox.collect(
-                self.session_id, max_priority, token, reclaim_own=self._collect_in_doubt
-            )
+            # With nothing queued or running here, a lone message runs next: its take-over goes
+            # in the same store call.
+            if max_priority is Priority.LATER and not self._mailbox and self.running is None:
+                batch = await host.backends.hotpath.take(
+                    self.session_id,
+                    max_priority,
+                    token,
+                    host.node_id,
+                    host.config.idempotency_secondary_ttl,
+                    reclaim_own=in_doubt,
+                )
+            else:
+                batch = await host.backends.inbox.collect(
+                    self.session_id, max_priority, token, reclaim_own=in_doubt
+                )
         except Exception as exc:
             log.warning("collect failed for %s: %s", self.session_id, exc)
             self._collect_in_doubt = True
@@ -278,13 +291,16 @@ class SessionActor:
         for entry in batch.unreadable:
             await self._host.answer_unreadable(self.session_id, entry, token)
         # Reservations are taken over when a turn starts, not here: a message that never
-        # started stays its submitter's (withdrawable) and, pending, a successor's to run.
+        # started stays its submitter's (withdrawable) and, pending, a successor's to run. (A
+        # lone message taken with nothing before it starts next: its take went with the collect.)
         kept = []
         for message in batch.messages:
             if not self._mailbox.admit(message.envelope.turn_id):
                 continue
             work = TurnWork.from_envelope(message.envelope, PendingEntry(token, message.message_id))
             work.cancelled = self._mailbox.cancelled(work.turn_id)
+            if batch.taken_attempt:  # (its only message, taken over by the collect itself)
+                host.taken(work, batch.taken_attempt)
             kept.append(work)
         if max_priority is Priority.NOW:
             taken = []

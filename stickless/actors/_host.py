@@ -98,6 +98,11 @@ class ActorHost(Protocol):
         it), `Later` when it may be taken over later."""
         ...
 
+    def taken(self, work: TurnWork, attempt: int) -> None:
+        """A collect took the message's reservation over already (`HotPath.take`), at
+        `attempt`: the work runs here as owned."""
+        ...
+
     async def hold(self, work: TurnWork, token: int) -> None:
         """Keep a durable copy of a turn its submitter is about to run (when the policy runs a
         turn again after its holder is lost), so a successor can; sets `work.pending`."""

@@ -76,6 +76,9 @@ class NodeActorHost(RouterPart):
     async def take_over(self, work: TurnWork) -> bool | Later:
         return await self._outcomes.take_over(work)
 
+    def taken(self, work: TurnWork, attempt: int) -> None:
+        self._outcomes.taken(work, attempt)
+
     async def hold(self, work: TurnWork, token: int) -> None:
         await self._outcomes.hold(work, token)
 

@@ -350,6 +350,15 @@ class TurnOutcomes(RouterPart):
         work.owned = False
         return True
 
+    def taken(self, work: TurnWork, attempt: int) -> None:
+        """The message's reservation was taken over (at `attempt`): it runs here, and callers
+        on this node that followed it from afar now wait on a local turn."""
+        self._callers.run_here(work.turn_id)
+        work.owned = True
+        work.attempt = attempt
+        if attempt > 1:
+            self._metrics.emit("on_retried", work.session_id, work.turn_id, attempt)
+
     async def take_over(self, work: TurnWork) -> bool | Later:
         """Take over a collected message's reservation as its turn starts; False when the
         message must not run here.
@@ -386,11 +395,7 @@ class TurnOutcomes(RouterPart):
                 await self._announce_lost_attempt(
                     session_id, turn_id, takeover.lost, takeover.lost_by
                 )
-            self._callers.run_here(turn_id)
-            work.owned = True
-            work.attempt = takeover.attempt
-            if takeover.attempt > 1:
-                self._metrics.emit("on_retried", session_id, turn_id, takeover.attempt)
+            self.taken(work, takeover.attempt)
             return True
         if acquired is not None and acquired[0].wait > 0:
             return Later(acquired[0].wait, held=acquired[0].held)

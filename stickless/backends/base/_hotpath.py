@@ -7,9 +7,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..._events import Event
+from ..._types import Priority
 from ...wire import Envelope, Outcome, Signal
 from ._dead_letters import DeadLetter
 from ._idempotency import Reservation
+from ._inbox import CollectedBatch
 from ._records import StagedCommit
 
 
@@ -90,6 +92,24 @@ class HotPath(Protocol):
         inbox and a MESSAGE_ENQUEUED doorbell naming the holder goes on the control channel,
         all in the same step (`Reserved.forwarded`). Running the same call again (a retry after
         a lost reply) queues nothing twice and answers the message id queued first."""
+        ...
+
+    async def take(
+        self,
+        session_id: str,
+        max_priority: Priority,
+        token: int,
+        taker: str,
+        secondary_ttl: float,
+        *,
+        reclaim_own: bool = False,
+    ) -> CollectedBatch:
+        """`Inbox.collect`, and in the same atomic step, when that brings exactly one message
+        fresh from the queue, the take-over of its reservation by `taker` if it is IN_FLIGHT
+        for that turn, holderless and due (`IdempotencyStore.acquire_holder`'s plain case,
+        stale after `secondary_ttl`, the message its pending copy): `taken_attempt` is then the
+        attempt taken. The taker calls this when it runs that message next (nothing queued
+        before it). Running the same call again answers the same batch."""
         ...
 
     async def finish(

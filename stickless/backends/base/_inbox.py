@@ -45,6 +45,9 @@ class CollectedBatch:
     redelivered: int = 0
     #: Entries taken back under the collecting lease itself (`reclaim_own`, a collect in doubt).
     reclaimed: int = 0
+    #: The attempt at which a take (`HotPath.take`) took the reservation of the batch's only
+    #: message over for its taker (0: not taken).
+    taken_attempt: int = 0
 
     def __bool__(self) -> bool:
         return bool(self.messages or self.unreadable)

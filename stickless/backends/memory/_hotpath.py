@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
-from ...wire import EVENT_CHANNEL_KINDS, Outcome, Signal, SignalKind, encode_event, pack
+from dataclasses import replace
+
+from ..._types import Priority
+from ...wire import (
+    EVENT_CHANNEL_KINDS,
+    Envelope,
+    Outcome,
+    Signal,
+    SignalKind,
+    WireError,
+    encode_event,
+    pack,
+)
 from ..base import (
+    CollectedBatch,
     DeadLetter,
     FencedOut,
     Finished,
@@ -18,8 +31,8 @@ from ..base import (
 from ._dead_letters import keep_letter
 from ._eventlog import known_batch, relay_batch_locked
 from ._idempotency import _held_by, _live_reservation, _view, put_locked
-from ._inbox import _append_locked, ack_locked
-from ._shared import Link, ReservationRow, State
+from ._inbox import _append_locked, ack_locked, collect_locked, decode_rows
+from ._shared import Link, ReservationRow, State, incarnation_of
 from ._signals import fan_out_locked
 from ._stores import live_lease
 
@@ -90,6 +103,29 @@ class MemoryHotPath:
             fan_out_locked(state, doorbell.encode(), None)
             return Reserved(forwarded=Forwarded(message_id, lease.holder, lease.token))
 
+    async def take(
+        self,
+        session_id: str,
+        max_priority: Priority,
+        token: int,
+        taker: str,
+        secondary_ttl: float,
+        *,
+        reclaim_own: bool = False,
+    ) -> CollectedBatch:
+        """The collect and a lone fresh message's take-over under one lock hold (see
+        `HotPath.take`)."""
+        with self._link.open() as state:
+            taken = collect_locked(state, session_id, max_priority, token, reclaim_own)
+            attempt = 0
+            if len(taken.rows) == 1 and taken.fresh == 1:
+                row = taken.rows[0]
+                attempt = _take_over_locked(
+                    state, session_id, row.data, row.message_id, taker, secondary_ttl
+                )
+        batch = decode_rows(session_id, taken.rows, taken.redelivered, taken.reclaimed)
+        return replace(batch, taken_attempt=attempt) if attempt else batch
+
     async def finish(
         self,
         session_id: str,
@@ -157,6 +193,37 @@ class MemoryHotPath:
             if message is not None:
                 fan_out_locked(state, message, None)
             return Finished(recorded=True, event_ids=tuple(ids))
+
+
+def _take_over_locked(
+    state: State,
+    session_id: str,
+    data: bytes,
+    message_id: str,
+    taker: str,
+    secondary_ttl: float,
+) -> int:
+    """The plain take-over of a queued message's reservation (IN_FLIGHT for its turn,
+    holderless, due) by `taker`: the attempt taken, 0 when not taken."""
+    try:
+        envelope = Envelope.decode(data)
+    except WireError:
+        return 0  # unreadable: answered as such by the collector, nothing is taken over
+    now = state.clock()
+    row = _live_reservation(state, session_id, envelope.key or "", now)
+    if (
+        row is None
+        or row.state is not ReservationState.IN_FLIGHT
+        or row.turn_id != envelope.turn_id
+        or row.holder is not None
+        or row.due_at > now
+    ):
+        return 0
+    row.attempt += 1
+    row.holder, row.incarnation = taker, incarnation_of(state, taker, now)
+    row.pending, row.due_at = message_id, 0.0
+    row.touched_at, row.stale_at = now, now + secondary_ttl
+    return row.attempt
 
 
 def _queued_before(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ..._types import Priority
 from ...wire import (
@@ -19,7 +19,7 @@ from ._shared import InboxRow, Link, State
 from ._stores import live_lease
 
 
-def _decode_rows(
+def decode_rows(
     session_id: str, rows: list[InboxRow], redelivered: int = 0, reclaimed: int = 0
 ) -> CollectedBatch:
     """Decode removed rows one by one (see `base.decode_entries`)."""
@@ -61,29 +61,8 @@ class MemoryInbox:
         (a full collect also takes over older leases' pending entries, and this lease's with
         `reclaim_own`), then decode per entry."""
         with self._link.open() as state:
-            now = state.clock()
-            tiers = state.inbox.get(session_id, {})
-            rows: list[InboxRow] = []
-            for priority in sorted(tiers):
-                if priority <= max_priority:
-                    rows.extend(tiers.pop(priority))
-            if not tiers:
-                state.inbox.pop(session_id, None)
-            by_token = state.pending.setdefault(session_id, {})
-            redelivered = reclaimed = 0
-            if max_priority is Priority.LATER:
-                limit = token if reclaim_own else token - 1
-                for older in sorted(t for t in by_token if t <= limit):
-                    left = by_token.pop(older)
-                    rows.extend(left.values())
-                    if older == token:
-                        reclaimed = len(left)
-                    else:
-                        redelivered += len(left)
-            mine = by_token.setdefault(token, {})
-            mine.update((row.message_id, replace(row, taken_at=now)) for row in rows)
-            _forget_empty_pending(state, session_id, token)
-        return _decode_rows(session_id, rows, redelivered, reclaimed)
+            taken = collect_locked(state, session_id, max_priority, token, reclaim_own)
+        return decode_rows(session_id, taken.rows, taken.redelivered, taken.reclaimed)
 
     async def ack(self, session_id: str, token: int, message_ids: Sequence[str]) -> None:
         """Drop answered entries from the pending set."""
@@ -102,7 +81,7 @@ class MemoryInbox:
             pending = state.pending.pop(session_id, {})
         rows = [row for priority in sorted(tiers) for row in tiers[priority]]
         rows += [row for token in sorted(pending) for row in pending[token].values()]
-        return _decode_rows(session_id, rows)
+        return decode_rows(session_id, rows)
 
     async def pending_sessions(self, older_than: float) -> list[str]:
         """Sessions whose oldest queued entry arrived more than `older_than` seconds ago, or
@@ -168,3 +147,44 @@ def _append_locked(
     tiers = state.inbox.setdefault(session_id, {})
     tiers.setdefault(priority, deque()).append(InboxRow(message_id, now, data))
     return message_id
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """The rows one collect moved under its token: `fresh` of them came from the queue, the
+    rest from the pending set (`redelivered` from older leases, `reclaimed` from its own)."""
+
+    rows: list[InboxRow]
+    fresh: int
+    redelivered: int
+    reclaimed: int
+
+
+def collect_locked(
+    state: State, session_id: str, max_priority: Priority, token: int, reclaim_own: bool
+) -> Taken:
+    """`MemoryInbox.collect` with the state lock held (the hot path's take shares it)."""
+    now = state.clock()
+    tiers = state.inbox.get(session_id, {})
+    rows: list[InboxRow] = []
+    for priority in sorted(tiers):
+        if priority <= max_priority:
+            rows.extend(tiers.pop(priority))
+    fresh = len(rows)
+    if not tiers:
+        state.inbox.pop(session_id, None)
+    by_token = state.pending.setdefault(session_id, {})
+    redelivered = reclaimed = 0
+    if max_priority is Priority.LATER:
+        limit = token if reclaim_own else token - 1
+        for older in sorted(t for t in by_token if t <= limit):
+            left = by_token.pop(older)
+            rows.extend(left.values())
+            if older == token:
+                reclaimed = len(left)
+            else:
+                redelivered += len(left)
+    mine = by_token.setdefault(token, {})
+    mine.update((row.message_id, replace(row, taken_at=now)) for row in rows)
+    _forget_empty_pending(state, session_id, token)
+    return Taken(rows, fresh, redelivered, reclaimed)

@@ -126,7 +126,7 @@ class RedisBackends:
         )
         self.events = self._event_log
         self.dead_letters = RedisDeadLetterStore(self.client, scripts, self.keys)
-        self.hotpath = RedisHotPath(idempotency, self._event_log, retention.inbox_ttl)
+        self.hotpath = RedisHotPath(idempotency, self._event_log, self.inbox)
 
     @classmethod
     def from_url(

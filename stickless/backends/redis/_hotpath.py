@@ -3,8 +3,10 @@ bundle needs one Redis server, not a Redis Cluster: see `_keys`)."""
 
 from __future__ import annotations
 
+from ..._types import Priority
 from ...wire import EVENT_CHANNEL_KINDS, Outcome, Signal, encode_event, event_batch_parts, pack
 from ..base import (
+    CollectedBatch,
     DeadLetter,
     FencedOut,
     Finished,
@@ -20,7 +22,7 @@ from ..base import (
 )
 from ._eventlog import RedisEventLog
 from ._idempotency import RedisIdempotencyStore, _reservation
-from ._inbox import DELIVERY_MEMORY
+from ._inbox import DELIVERY_MEMORY, RedisInbox
 from ._keys import TIERS, reservation_member
 from ._role import _ms, _num, _Role, _text
 
@@ -30,12 +32,12 @@ class RedisHotPath(_Role):
     (`turn_finish.lua`) are one command each."""
 
     def __init__(
-        self, idempotency: RedisIdempotencyStore, events: RedisEventLog, inbox_ttl: float
+        self, idempotency: RedisIdempotencyStore, events: RedisEventLog, inbox: RedisInbox
     ) -> None:
         super().__init__(idempotency._client, idempotency._scripts, idempotency._keys)
         self._idempotency = idempotency
         self._events = events
-        self._inbox_ttl = inbox_ttl
+        self._inbox = inbox
 
     async def reserve(
         self,
@@ -61,7 +63,7 @@ class RedisHotPath(_Role):
                 envelope.encode(),
                 str(TIERS.index(envelope.priority)),
                 str(DELIVERY_MEMORY),
-                str(_ms(self._inbox_ttl)),
+                str(_ms(self._inbox.ttl)),
                 _num(forward.staleness),
                 self._keys.control_channel,
                 session_id,
@@ -86,6 +88,22 @@ class RedisHotPath(_Role):
         if verdict == 1:
             return Reserved(quiet=bool(int(reply[2])))
         return Reserved(existing=_reservation(session_id, key, reply[1]))
+
+    async def take(
+        self,
+        session_id: str,
+        max_priority: Priority,
+        token: int,
+        taker: str,
+        secondary_ttl: float,
+        *,
+        reclaim_own: bool = False,
+    ) -> CollectedBatch:
+        """The collect and a lone fresh message's take-over in one script (`inbox_take.lua`;
+        see `HotPath.take`)."""
+        return await self._inbox.take(
+            session_id, max_priority, token, taker, secondary_ttl, reclaim_own=reclaim_own
+        )
 
     async def finish(
         self,

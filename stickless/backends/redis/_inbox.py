@@ -6,13 +6,14 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from redis.asyncio import Redis
 
 from ..._types import Priority
 from ...wire import Envelope
-from ..base import CollectedBatch, PendingStats, decode_entries
+from ..base import HOLDER_INDEX_TTL, CollectedBatch, PendingStats, decode_entries
 from ._keys import TIERS, Keys
 from ._role import _SCAN_BATCH, _SCAN_ROUNDS, _ms, _num, _Role, _text
 from ._scripts import Call, Scripts, run_batch
@@ -69,7 +70,11 @@ class RedisInbox(_Role):
         """Append the envelope to its tier, once per `delivery_id`; collect stamps
         `enqueued_at` when it is 0."""
         return await self._append(
-            envelope.session_id, envelope.priority, envelope.encode(), delivery_id
+            envelope.session_id,
+            envelope.priority,
+            envelope.encode(),
+            delivery_id,
+            (envelope.key or "", envelope.turn_id),
         )
 
     async def deliver_raw(self, session_id: str, priority: Priority, data: bytes) -> str:
@@ -77,7 +82,12 @@ class RedisInbox(_Role):
         return await self._append(session_id, priority, data, None)
 
     async def _append(
-        self, session_id: str, priority: Priority, data: bytes, delivery_id: str | None
+        self,
+        session_id: str,
+        priority: Priority,
+        data: bytes,
+        delivery_id: str | None,
+        names: tuple[str, str] = ("", ""),
     ) -> str:
         # One id per delivery: redis-py sends the very same call again after a lost reply (and
         # a caller may, with the same id), and the script appends a delivery id only once.
@@ -88,7 +98,14 @@ class RedisInbox(_Role):
                 self._keys.delivery(session_id, delivery_id),
                 self._keys.pending_index,
             ],
-            args=[TIERS.index(priority), data, DELIVERY_MEMORY, _ms(self._ttl), session_id],
+            args=[
+                TIERS.index(priority),
+                data,
+                DELIVERY_MEMORY,
+                _ms(self._ttl),
+                session_id,
+                *names,
+            ],
         )
         return f"{int(priority)}:{_text(stream_id)}"
 
@@ -114,19 +131,53 @@ class RedisInbox(_Role):
         """Remove every tier and the pending set, and return what was removed."""
         return await self._take(session_id, len(TIERS) - 1, 0, -1, purge=True)
 
+    async def take(
+        self,
+        session_id: str,
+        max_priority: Priority,
+        token: int,
+        taker: str,
+        secondary_ttl: float,
+        *,
+        reclaim_own: bool = False,
+    ) -> CollectedBatch:
+        """`collect`, taking the reservation of a lone fresh message over for `taker` in the
+        same script (see `HotPath.take`)."""
+        reclaim = -1
+        if max_priority is Priority.LATER:
+            reclaim = token if reclaim_own else token - 1
+        return await self._take(
+            session_id,
+            TIERS.index(max_priority),
+            token,
+            reclaim,
+            purge=False,
+            taker=(taker, secondary_ttl),
+        )
+
     async def _take(
-        self, session_id: str, last_tier: int, token: int, reclaim: int, *, purge: bool
+        self,
+        session_id: str,
+        last_tier: int,
+        token: int,
+        reclaim: int,
+        *,
+        purge: bool,
+        taker: tuple[str, float] | None = None,
     ) -> CollectedBatch:
         # One id per take: redis-py sends the very same call again after a lost reply, and the
         # rerun answers the batch the first run took (instead of nothing).
         keys = self._keys
         take_id = uuid.uuid4().hex
-        _, _, flat, redelivered, reclaimed = await self._scripts.inbox_take(
+        holder, secondary_ttl = taker or ("", 0.0)
+        _, _, flat, redelivered, reclaimed, attempt = await self._scripts.inbox_take(
             keys=[
                 *keys.inbox(session_id),
                 keys.take(session_id, take_id),
                 *keys.pending(session_id),
                 keys.pending_index,
+                keys.stale_index,
+                keys.holder_reservations(holder or "-"),
             ],
             args=[
                 last_tier,
@@ -136,9 +187,20 @@ class RedisInbox(_Role):
                 _ms(self._ttl),
                 int(purge),
                 session_id,
+                holder,
+                _num(secondary_ttl),
+                keys.reservation(session_id, ""),
+                f"{len(session_id)}:{session_id}",
+                _ms(HOLDER_INDEX_TTL),
             ],
         )
-        return _decode_entries(session_id, flat, int(redelivered), int(reclaimed))
+        batch = _decode_entries(session_id, flat, int(redelivered), int(reclaimed))
+        return replace(batch, taken_attempt=int(attempt)) if int(attempt) else batch
+
+    @property
+    def ttl(self) -> float:
+        """Seconds a tier or the pending set lives after its last write."""
+        return self._ttl
 
     async def is_empty(self, session_id: str) -> bool:
         """True when nothing is queued or pending for the session."""

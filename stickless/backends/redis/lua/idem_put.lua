@@ -45,7 +45,8 @@ local function queue(t, cur)
   local arrived = fmt(t)
   local was_empty = redis.call('EXISTS', KEYS[5], KEYS[6], KEYS[7]) == 0
   local tier = KEYS[5 + tonumber(ARGV[11])]
-  local id = redis.call('XADD', tier, '*', 'e', ARGV[10], 't', arrived)
+  local id = redis.call('XADD', tier, '*', 'e', ARGV[10], 't', arrived, 'k', ARGV[9], 'u',
+    ARGV[1])
   redis.call('PEXPIRE', tier, ARGV[13])
   redis.call('SET', KEYS[10], id .. ' ' .. arrived, 'EX', ARGV[12])
   if was_empty then
