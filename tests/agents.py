@@ -170,5 +170,15 @@ def stall_take_overs(router: SessionRouter, monkeypatch: pytest.MonkeyPatch) -> 
         await never.wait()
         raise AssertionError("unreachable")
 
+    async def collect_only(
+        session_id: str, max_priority: Any, token: int, *args: object, **kwargs: Any
+    ) -> object:
+        # (a take that would take the message over with the collect leaves that to the hanging
+        # take-over at the turn's start)
+        return await router.backends.inbox.collect(
+            session_id, max_priority, token, reclaim_own=kwargs.get("reclaim_own", False)
+        )
+
     monkeypatch.setattr(router.backends.idempotency, "acquire_holder", stalled_acquire)
+    monkeypatch.setattr(router.backends.hotpath, "take", collect_only)
     return stuck

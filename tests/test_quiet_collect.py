@@ -17,13 +17,18 @@ from .conftest import make_cluster
 def _counting_collects(backends: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The session ids of every collect the node makes from now on."""
     calls: list[str] = []
-    collect = backends.inbox.collect
+    collect, take = backends.inbox.collect, backends.hotpath.take
 
     async def counted(session_id: str, *args: Any, **kwargs: Any) -> Any:
         calls.append(session_id)
         return await collect(session_id, *args, **kwargs)
 
+    async def counted_take(session_id: str, *args: Any, **kwargs: Any) -> Any:
+        calls.append(session_id)  # (a collect that takes a lone message over with it)
+        return await take(session_id, *args, **kwargs)
+
     monkeypatch.setattr(backends.inbox, "collect", counted)
+    monkeypatch.setattr(backends.hotpath, "take", counted_take)
     return calls
 
 

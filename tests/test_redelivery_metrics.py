@@ -8,6 +8,7 @@ belongs in `actors/_actor.py`): strict xfail until it does, then drop the marker
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -73,7 +74,19 @@ async def test_a_holder_taking_back_a_batch_whose_collect_reply_was_lost_counts_
                 raise ConnectionError("reply lost after the store ran the collect")
             return batch
 
+        take = holder.backends.hotpath.take
+
+        async def take_reply_lost(
+            session_id: str, max_priority: Priority, token: int, *args: Any, **kwargs: Any
+        ) -> CollectedBatch:
+            batch = await take(session_id, max_priority, token, *args, **kwargs)
+            if batch and not lost.is_set():
+                lost.set()
+                raise ConnectionError("reply lost after the store ran the take")
+            return batch
+
         monkeypatch.setattr(inbox, "collect", reply_lost)
+        monkeypatch.setattr(holder.backends.hotpath, "take", take_reply_lost)
         in_doubt = await b.submit(req("s1", "in doubt"))
         await lost.wait()
         # When the next message rings the holder again

@@ -18,6 +18,9 @@ from ..backends.base import TurnFrames
 
 log = logging.getLogger("stickless.relay")
 
+#: Loop passes a turn's first batch waits for more frames (or the turn's end) before it goes.
+_FIRST_BATCH_PASSES = 4
+
 #: Where a relay's batches go: (session_id, stamped frames) -> delivered.
 FrameSink = Callable[[str, Sequence[Event]], Awaitable[None]]
 
@@ -179,10 +182,17 @@ class EventRelay:
         previous, self._after = self._after, None
         if previous is not None:
             await asyncio.wait({previous._task})
+        first = True
         while not self._sealed:
             self._parked.set()
             await self._wake.wait()
             self._parked.clear()
+            if first:
+                # The turn's first frame waits a few loop passes: a turn that ends within them
+                # sends every frame with its finish, in one store call with the answer.
+                first = False
+                for _ in range(_FIRST_BATCH_PASSES):
+                    await asyncio.sleep(0)
             self._wake.clear()
             if self._sealed:
                 break
