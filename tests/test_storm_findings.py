@@ -450,3 +450,33 @@ async def test_a_submit_whose_reserve_is_rerun_after_its_turn_was_declared_lost_
         found = await cluster.backends.idempotency.find("s1", "c:k")
         assert found is not None and found.outcome is not None
         assert found.outcome.code == FailureCode.HOLDER_LOST.value
+
+
+async def test_a_dead_holders_turn_whose_reset_reply_is_lost_is_answered_holder_lost(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (no holder-loss sweep within the test: the take-over is what finds the dead holder)
+    async with make_cluster(journal, nodes=2, holder_loss_sweep_interval=600.0) as cluster:
+        a, b = cluster.nodes
+        await (await a.submit(req("s1", "warm up"))).result
+        # Given B's turn running on A when A dies (its reservation held by A's dead incarnation)
+        journal.gate("long")
+        lost = await b.submit(req("s1", "long"))
+        await journal.entered["long"].wait()
+        await cluster.kill(a)
+        # ...and B's store losing the reply of the first reset it sends (after applying it)
+        idem = b.backends.idempotency
+        reset = idem.compare_and_reset
+
+        async def reply_lost_once(*args: Any, **kwargs: Any) -> bool:
+            await reset(*args, **kwargs)
+            monkeypatch.setattr(idem, "compare_and_reset", reset)
+            raise BackendUnavailableError("reply lost after the store ran the reset")
+
+        monkeypatch.setattr(idem, "compare_and_reset", reply_lost_once)
+        # When B takes the session over (its next submit claims it) and finds that turn
+        after = await b.submit(req("s1", "after"))
+        # Then the lost turn is answered HOLDER_LOST, not "unknown" (the reset is sent again and
+        # finds its own answer), and the session goes on
+        assert await failure_code(lost.result) is FailureCode.HOLDER_LOST
+        assert (await after.result).text == "echo:after"

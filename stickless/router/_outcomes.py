@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from .._errors import BackendUnavailableError, FailureCode, SticklessError
+from .._errors import BackendUnavailableError, FailureCode
 from .._events import LATE_TERMINAL_SEQ, Event, Interrupted
 from ..actors import LastFrames, Later, PendingEntry, TurnWork
 from ..backends.base import (
@@ -411,10 +411,10 @@ class TurnOutcomes(RouterPart):
             # Its holder is dead (not yet swept): decide it here as the sweep would (given back
             # for the next attempt, or answered), then ask again: this copy then runs, or is
             # kept as a dead letter, or is dropped, by that decision.
-            try:
-                await self.reset_stale(found)
-            except SticklessError as exc:  # undecided: it stays pending for a later holder
-                log.warning("reset of %s/%s failed: %s", session_id, key, exc)
+            # (patiently: a reset run again after a lost reply finds its own outcome and wins)
+            if await self._patiently(lambda: self.reset_stale(found)) is None:
+                # undecided: it stays pending for a later holder
+                log.warning("reset of %s/%s left undecided", session_id, key)
                 self._tell_unknown(turn_id)
                 return False
             return Later(0.0, held=False)
