@@ -266,8 +266,7 @@ class SessionActor:
         host, in_doubt = self._host, self._collect_in_doubt
         try:
             # After a collect that failed, its batch may be pending under this lease unseen.
-            # With nothing queued or running here, a lone message runs next: its take-over goes
-            # in the same store call.
+            # With nothing queued or running here, a lone message's take-over goes with it.
             if max_priority is Priority.LATER and not self._mailbox and self.running is None:
                 batch = await host.backends.hotpath.take(
                     self.session_id,
@@ -290,16 +289,16 @@ class SessionActor:
             self._host.entries_reclaimed(self.session_id, batch.redelivered, batch.reclaimed)
         for entry in batch.unreadable:
             await self._host.answer_unreadable(self.session_id, entry, token)
-        # Reservations are taken over when a turn starts, not here: a message that never
-        # started stays its submitter's (withdrawable) and, pending, a successor's to run. (A
-        # lone message taken with nothing before it starts next: its take went with the collect.)
+        # Reservations are taken over when a turn starts, not here (a lone message that starts
+        # next is taken over by the collect itself): a message that never started stays its
+        # submitter's (withdrawable) and, pending, a successor's to run.
         kept = []
         for message in batch.messages:
             if not self._mailbox.admit(message.envelope.turn_id):
                 continue
             work = TurnWork.from_envelope(message.envelope, PendingEntry(token, message.message_id))
             work.cancelled = self._mailbox.cancelled(work.turn_id)
-            if batch.taken_attempt:  # (its only message, taken over by the collect itself)
+            if batch.taken_attempt:
                 host.taken(work, batch.taken_attempt)
             kept.append(work)
         if max_priority is Priority.NOW:
@@ -544,6 +543,8 @@ class SessionActor:
         running.relay.close()
         self.running = None
         self._host.actor_state_changed(self.session_id, self.token)
+        if running.interrupt_code is FailureCode.INTERRUPTED:
+            work.cancelled = running.interrupt_reason  # (interrupted while it was scheduled)
         self._put_back(work)
         return True
 

@@ -8,7 +8,7 @@ if not score or tonumber(score) >= now() then
 end
 local ms = redis.call('PEXPIRETIME', live_key(ARGV[1]))
 if ms > 0 then
-  redis.call('ZADD', KEYS[1], fmt(ms / 1000), ARGV[1])
+  redis.call('ZADD', KEYS[1], fmt((ms + 1) / 1000), ARGV[1])
   return 0
 end
 redis.call('ZREM', KEYS[1], ARGV[1])

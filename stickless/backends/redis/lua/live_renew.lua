@@ -8,8 +8,10 @@ if redis.call('GET', KEYS[1]) ~= ARGV[2] then
   return 0
 end
 local t = now()
-local deadline = t + tonumber(ARGV[3])
-expire_at(KEYS[1], deadline)
+-- (scored a millisecond past the key's own expiry, so a holder listed dead has no key left)
+local ms = math.ceil((t + tonumber(ARGV[3])) * 1000)
+redis.call('PEXPIREAT', KEYS[1], string.format('%.0f', ms))
+local deadline = (ms + 1) / 1000
 local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
 if not score or tonumber(score) > 0 then
   redis.call('ZADD', KEYS[2], fmt(deadline), ARGV[1])
