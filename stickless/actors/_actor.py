@@ -26,7 +26,6 @@ from ..backends.base import (
 )
 from ..wire import Outcome
 from ._ending import (
-    NotStarted,
     RunningTurn,
     conclude,
     exhausted,
@@ -34,6 +33,7 @@ from ._ending import (
     retryable,
     retrying_frame,
     schedule,
+    start_turn,
 )
 from ._host import ActorHost, Later, StopReason
 from ._mailbox import Mailbox
@@ -492,7 +492,8 @@ class SessionActor:
         host.actor_state_changed(self.session_id, self.token)
         relay.emit(TurnStarted(executed_by=host.node_id, token=self.token))
         task: asyncio.Task[TurnOutput] = asyncio.get_running_loop().create_task(
-            self._start_turn(handle, context), name=f"turn:{self.session_id}:{work.turn_id}"
+            start_turn(self._host, self.token, handle, context),
+            name=f"turn:{self.session_id}:{work.turn_id}",
         )
         running.task = task
         try:
@@ -520,17 +521,6 @@ class SessionActor:
         self._finishing.add(finish)
         finish.add_done_callback(self._finishing.discard)
         await asyncio.shield(finish)
-
-    async def _start_turn(self, handle: LiveSession, context: TurnContext) -> TurnOutput:
-        """The agent's turn, once the lease is checked again in the task's first step: that
-        step may come long after the task was made (the process paused in between).
-
-        Raises:
-            NotStarted: the lease may have run out meanwhile; the agent was not called.
-        """
-        if not await self._host.holds_lease(self.session_id, self.token):
-            raise NotStarted("lease may have run out before the turn started")
-        return await handle.run_turn(context)
 
     async def _retry(self, running: RunningTurn, task: asyncio.Task[TurnOutput]) -> bool:
         """Schedule the next attempt of a turn the retry policy runs again; True when it is

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from .._errors import FailureCode
 from .._events import Event, Interrupted, TurnCompleted, TurnFailed
 from .._retry import RetryPolicy
-from .._session import TurnContext
+from .._session import LiveSession, TurnContext
 from .._types import TurnOutput
 from ..backends.base import FencedOut, Lease, StagedCommit
 from ..wire import Outcome
@@ -24,6 +24,20 @@ log = logging.getLogger("stickless.actor")
 class NotStarted(Exception):
     """The turn task found, in its first step, that its lease may have run out: the agent was
     never called."""
+
+
+async def start_turn(
+    host: ActorHost, token: int, handle: LiveSession, context: TurnContext
+) -> TurnOutput:
+    """The agent's turn, once the lease is checked again in the task's first step: that step
+    may come long after the task was made (the process paused in between).
+
+    Raises:
+        NotStarted: the lease may have run out meanwhile; the agent was not called.
+    """
+    if not await host.holds_lease(context.session_id, token):
+        raise NotStarted("lease may have run out before the turn started")
+    return await handle.run_turn(context)
 
 
 @dataclass

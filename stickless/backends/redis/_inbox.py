@@ -115,10 +115,7 @@ class RedisInbox(_Role):
         """Move every entry of tiers <= `max_priority` into the pending set under `token` (a
         full collect also takes over older leases' pending entries, and this lease's with
         `reclaim_own`), then decode per entry."""
-        reclaim = -1
-        if max_priority is Priority.LATER:
-            reclaim = token if reclaim_own else token - 1
-        return await self._take(session_id, TIERS.index(max_priority), token, reclaim, purge=False)
+        return await self._collect(session_id, max_priority, token, reclaim_own, None)
 
     async def ack(self, session_id: str, token: int, message_ids: Sequence[str]) -> None:
         """Drop answered entries from the pending set (one script, safe to run again)."""
@@ -143,17 +140,25 @@ class RedisInbox(_Role):
     ) -> CollectedBatch:
         """`collect`, taking the reservation of a lone fresh message over for `taker` in the
         same script (see `HotPath.take`)."""
+        return await self._collect(
+            session_id, max_priority, token, reclaim_own, (taker, secondary_ttl)
+        )
+
+    async def _collect(
+        self,
+        session_id: str,
+        max_priority: Priority,
+        token: int,
+        reclaim_own: bool,
+        taker: tuple[str, float] | None,
+    ) -> CollectedBatch:
+        """A collect's take: a full one reclaims older leases' pending entries (and this
+        lease's own with `reclaim_own`)."""
         reclaim = -1
         if max_priority is Priority.LATER:
             reclaim = token if reclaim_own else token - 1
-        return await self._take(
-            session_id,
-            TIERS.index(max_priority),
-            token,
-            reclaim,
-            purge=False,
-            taker=(taker, secondary_ttl),
-        )
+        last_tier = TIERS.index(max_priority)
+        return await self._take(session_id, last_tier, token, reclaim, purge=False, taker=taker)
 
     async def _take(
         self,
