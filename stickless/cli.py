@@ -213,6 +213,61 @@ def _add_node(subcommands: Subcommands) -> None:
     parser.set_defaults(handler=_cmd_node)
 
 
+# ====================================================================== serve
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    """One node with the HTTP gateway under uvicorn, until SIGTERM."""
+    from .node._main import parse_overrides
+    from .web._serve import ServeOptions, main_serve
+
+    options = ServeOptions(
+        redis_url=args.redis,
+        namespace=args.namespace,
+        opener=args.opener,
+        host=args.host,
+        port=args.port,
+        node_id=args.node_id,
+        tokens=args.tokens,
+        no_auth=args.no_auth,
+        grace=args.grace,
+        config_overrides=parse_overrides(args.config),
+    )
+    return main_serve(options)
+
+
+def _add_serve(subcommands: Subcommands) -> None:
+    parser = subcommands.add_parser(
+        "serve",
+        help="run one node with the HTTP/SSE gateway and the chat page (needs the web extra)",
+        description="Run a SessionRouter with the HTTP gateway under uvicorn. Without --redis: "
+        "one embedded node in memory with the demo agent (open http://127.0.0.1:8000/). "
+        "Prints 'READY <port> <node id>' when up; SIGTERM shuts it down gracefully.",
+    )
+    _redis_option(parser, required=False, help=f"{_REDIS_URL} (default: memory, one node)")
+    _namespace_option(parser, "Redis key prefix")
+    parser.add_argument(
+        "--opener",
+        default="stickless.demo.opener:make_opener",
+        metavar="MODULE:ATTR",
+        help="import path of a LiveSessionOpener or a factory of one (default: the demo agent)",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8000, help="port (0 = any free port)")
+    parser.add_argument("--node-id", default=None, help="this node's unique id")
+    parser.add_argument(
+        "--tokens", default=None, metavar="FILE", help='bearer tokens, JSON {"token": "principal"}'
+    )
+    parser.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="serve a non-loopback --host without tokens (everyone sees every session)",
+    )
+    _grace_option(parser)
+    _config_option(parser)
+    parser.set_defaults(handler=_cmd_serve)
+
+
 # ====================================================================== bench
 
 
@@ -330,6 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_demo(subcommands)
     _add_node(subcommands)
+    _add_serve(subcommands)
     _add_ray_deploy(subcommands)
     _add_bench(subcommands)
     _add_dlq(subcommands)

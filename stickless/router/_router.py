@@ -28,7 +28,7 @@ from ..wire import (
     TurnResultPayload,
     YieldPayload,
 )
-from ._api import ClusterSessionStatus, SessionState, SubmitDisposition, TurnInfo
+from ._api import ClusterSessionStatus, SessionState, SubmitDisposition, SubmitKind, TurnInfo
 from ._background import Background, io, log, quiet
 from ._callers import CallerTable, Forward
 from ._context import NodeContext
@@ -42,7 +42,7 @@ from ._outcomes import TurnOutcomes
 from ._renewal import LeaseRenewer
 from ._sessions import LocalSessions
 from ._status import STATUS_COALESCE, StatusBoard
-from ._stream import EventStream
+from ._stream import EventStream, check_cursor
 from ._submit import Submitter
 from ._sweeps import Sweeps
 from ._turn_stream import TurnStream
@@ -175,6 +175,11 @@ class SessionRouter:
     @property
     def closed(self) -> bool:
         return self._bg.closed
+
+    @property
+    def accepting(self) -> bool:
+        """Started and not closed: calls are taken."""
+        return self._started and not self._bg.closed
 
     @property
     def renewer(self) -> LeaseRenewer:
@@ -312,6 +317,40 @@ class SessionRouter:
             await live.aclose()
             raise
         return TurnStream(disposition, live, self._backends.events)
+
+    async def follow(
+        self, session_id: str, turn_id: str, after: str | None = None
+    ) -> TurnStream:
+        """Stream a submitted turn's frames (past the event id `after`, else from its first),
+        live while it runs, ending with its terminal frame; on any node, whichever took it.
+
+        Raises:
+            UnknownTurnError: the session has no such turn, or it expired.
+            InvalidRequestError: `after` is not an event id.
+            BackendUnavailableError: the store could not be read.
+        """
+        self._check_open()
+        if after is not None:
+            check_cursor(after)
+        info = await self._lookup.turn(session_id, turn_id)
+        live = self._control.stream(session_id, None, None)
+        try:
+            await live.ready()
+            answer = asyncio.ensure_future(self._lookup.result(session_id, turn_id, None))
+        except BaseException:
+            await live.aclose()
+            raise
+        disposition = SubmitDisposition(
+            kind=SubmitKind.FORWARDED,
+            session_id=session_id,
+            turn_id=turn_id,
+            node_id=info.executed_by or "",
+            result=answer,
+            attached=True,
+        )
+        return TurnStream(
+            disposition, live, self._backends.events, after=after, owns_answer=True
+        )
 
     async def transcript(self, session_id: str) -> list[CommittedEntry]:
         """The session's committed transcript, read from its record (empty without one).

@@ -30,10 +30,22 @@ class TurnStream:
     event log first (frames in both are matched by attempt and seq and yielded once).
     """
 
-    def __init__(self, disposition: SubmitDisposition, live: EventStream, log: EventLog) -> None:
+    def __init__(
+        self,
+        disposition: SubmitDisposition,
+        live: EventStream,
+        log: EventLog,
+        *,
+        after: str | None = None,
+        owns_answer: bool = False,
+    ) -> None:
         self._disposition = disposition
         self._live = live
         self._log = log
+        #: The log is read past this event id (a resumed follow), else from its start.
+        self._after = after
+        #: The answer future is this stream's own (a follow's lookup): closing cancels it.
+        self._owns_answer = owns_answer
         self._seen: set[tuple[int, int]] = set()
         self._iterator: AsyncIterator[Event] | None = None
         self._closed = False
@@ -64,6 +76,11 @@ class TurnStream:
         if self._closed:
             return
         self._closed = True
+        answer = self._disposition.result
+        if self._owns_answer:
+            if answer.done() and not answer.cancelled():
+                answer.exception()  # read: an unread failure would be logged as lost
+            answer.cancel()
         await self._live.aclose()
 
     async def __aenter__(self) -> TurnStream:
@@ -97,7 +114,7 @@ class TurnStream:
         """The turn's frames the event log holds, not yielded before (a whole read of the log:
         only an attached or cached turn, or a terminal frame overdue, needs it)."""
         turn_id = self._disposition.turn_id
-        cursor: str | None = None
+        cursor = self._after
         while True:
             page = await self._log.read(self._disposition.session_id, cursor, _PAGE)
             for frame in page:

@@ -65,6 +65,7 @@ from ._leases import (
     NotLive,
 )
 from ._liveness import HOLDER_INDEX_TTL, Liveness
+from ._owners import SessionOwners
 from ._records import (
     RecordStore,
     RecordView,
@@ -112,6 +113,7 @@ __all__ = [
     "TurnFrames",
     "Reservation",
     "ReservationState",
+    "SessionOwners",
     "SignalBus",
     "SignalHandler",
     "StagedCommit",
@@ -149,6 +151,8 @@ class Backends(EventRelayPath, Protocol):
     idempotency: IdempotencyStore
     events: EventLog
     dead_letters: DeadLetterStore
+    #: Who created each session (the HTTP gateway's authorization stamp).
+    owners: SessionOwners
     #: The fused calls of a turn's phases over the roles above (see `HotPath`).
     hotpath: HotPath
 

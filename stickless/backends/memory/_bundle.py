@@ -18,6 +18,7 @@ from ..base import (
     LeaseStore,
     Liveness,
     RecordStore,
+    SessionOwners,
     SignalBus,
 )
 from ._dead_letters import MemoryDeadLetterStore
@@ -31,6 +32,7 @@ from ._signals import MemorySignalBus
 from ._stores import (
     MemoryLeaseStore,
     MemoryRecordStore,
+    MemorySessionOwners,
 )
 
 
@@ -47,6 +49,7 @@ class MemoryBackends:
     idempotency: IdempotencyStore
     events: EventLog
     dead_letters: DeadLetterStore
+    owners: SessionOwners
     hotpath: HotPath
 
     def __init__(
@@ -80,6 +83,7 @@ class MemoryBackends:
         self.idempotency = MemoryIdempotencyStore(link)
         self.events = MemoryEventLog(link)
         self.dead_letters = MemoryDeadLetterStore(link)
+        self.owners = MemorySessionOwners(link)
         self.hotpath = MemoryHotPath(link)
 
     async def append_and_publish(

@@ -129,6 +129,8 @@ class State:
         self.relay_batches: dict[str, deque[tuple[str, list[str]]]] = {}
         #: Per session, the packed dead letters by letter id (kept until removed or purged).
         self.dead_letters: dict[str, dict[str, bytes]] = {}
+        #: Per session, the principal id that created it (see `SessionOwners`).
+        self.owners: dict[str, str] = {}
         self.control_subs: dict[LinkedSubscription, None] = {}
         self.event_subs: dict[str, dict[LinkedSubscription, None]] = {}
 

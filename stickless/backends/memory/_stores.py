@@ -130,4 +130,26 @@ class MemoryRecordStore:
             state.records.pop(session_id, None)
 
 
+# --------------------------------------------------------------------------- owners
+
+
+class MemorySessionOwners:
+    """Session owner stamps (see `SessionOwners`)."""
+
+    def __init__(self, link: Link) -> None:
+        self._link = link
+
+    async def claim(self, session_id: str, principal_id: str) -> str:
+        with self._link.open() as state:
+            return state.owners.setdefault(session_id, principal_id)
+
+    async def owner(self, session_id: str) -> str | None:
+        with self._link.open() as state:
+            return state.owners.get(session_id)
+
+    async def forget(self, session_id: str) -> None:
+        with self._link.open() as state:
+            state.owners.pop(session_id, None)
+
+
 # --------------------------------------------------------------------------- inbox

@@ -24,6 +24,7 @@ from ..base import (
     LeaseStore,
     Liveness,
     RecordStore,
+    SessionOwners,
     SignalBus,
 )
 from ._dead_letters import RedisDeadLetterStore
@@ -35,7 +36,7 @@ from ._keys import Keys
 from ._liveness import RedisLiveness
 from ._scripts import Scripts
 from ._signals import RedisSignalBus
-from ._stores import RedisLeaseStore, RedisRecordStore
+from ._stores import RedisLeaseStore, RedisRecordStore, RedisSessionOwners
 
 #: Default bound (seconds) of connecting and of waiting for one reply.
 DEFAULT_SOCKET_TIMEOUT = 5.0
@@ -82,6 +83,7 @@ class RedisBackends:
     idempotency: IdempotencyStore
     events: EventLog
     dead_letters: DeadLetterStore
+    owners: SessionOwners
     hotpath: HotPath
 
     def __init__(
@@ -126,6 +128,7 @@ class RedisBackends:
         )
         self.events = self._event_log
         self.dead_letters = RedisDeadLetterStore(self.client, scripts, self.keys)
+        self.owners = RedisSessionOwners(self.client, scripts, self.keys)
         self.hotpath = RedisHotPath(idempotency, self._event_log, self.inbox)
 
     @classmethod

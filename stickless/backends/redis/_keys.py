@@ -123,6 +123,11 @@ class Keys:
         or purged (a delete of the session leaves it: letters are the operator's to clear)."""
         return f"{self.tag(session_id)}:dead"
 
+    def owner(self, session_id: str) -> str:
+        """String naming the principal that created the session (see `SessionOwners`); kept
+        until the session is deleted through the gateway."""
+        return f"{self.tag(session_id)}:owner"
+
     def event_channel(self, session_id: str) -> str:
         """Pub/sub channel of the session's EVENT signals (plain PUBLISH, slot-agnostic)."""
         return f"{self.namespace}:ev:{session_id}"

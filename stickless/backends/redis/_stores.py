@@ -190,3 +190,24 @@ class RedisRecordStore(_Role):
     async def delete(self, session_id: str) -> None:
         """Drop the record and transcript; the lease token counter is kept."""
         await self._client.delete(self._keys.record(session_id), self._keys.transcript(session_id))
+
+
+# --------------------------------------------------------------------------- owners
+
+
+class RedisSessionOwners(_Role):
+    """Session owner stamps, one string per session (see `SessionOwners`)."""
+
+    async def claim(self, session_id: str, principal_id: str) -> str:
+        # SET NX GET (Redis 7) stamps and reads in one command: nil when this call stamped.
+        earlier = await self._client.set(
+            self._keys.owner(session_id), principal_id, nx=True, get=True
+        )
+        return principal_id if earlier is None else _text(earlier)
+
+    async def owner(self, session_id: str) -> str | None:
+        value = await self._client.get(self._keys.owner(session_id))
+        return None if value is None else _text(value)
+
+    async def forget(self, session_id: str) -> None:
+        await self._client.delete(self._keys.owner(session_id))

@@ -1,0 +1,93 @@
+"""`create_app`: the HTTP gateway as a FastAPI app, with probes and the chat page."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from importlib import resources
+from typing import Any
+
+from fastapi import APIRouter, FastAPI
+from fastapi.responses import HTMLResponse, JSONResponse
+
+from ..router import SessionRouter
+from ._auth import Authenticator, Authorizer
+from ._errors import error_body
+from ._routes import Gateway, GatewaySettings, api_router
+
+#: Seconds `/readyz` waits for the backends to answer.
+READY_TIMEOUT = 2.0
+
+
+def probes_router(router: SessionRouter) -> APIRouter:
+    """`/healthz` (the process is up) and `/readyz` (the router takes calls and its backends
+    answer)."""
+    probes = APIRouter(tags=["probes"])
+
+    @probes.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        return {"status": "ok", "node_id": router.node_id}
+
+    @probes.get("/readyz")
+    async def readyz() -> JSONResponse:
+        if not router.accepting:
+            body = error_body("ROUTER_CLOSED", f"router {router.node_id} takes no calls")
+            return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
+        try:
+            async with asyncio.timeout(READY_TIMEOUT):
+                await router.backends.owners.owner("readyz")
+        except Exception as exc:
+            body = error_body("BACKEND_UNAVAILABLE", f"{type(exc).__name__}: {exc}")
+            return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
+        return JSONResponse({"status": "ready", "node_id": router.node_id})
+
+    return probes
+
+
+def _page() -> str:
+    return resources.files(__package__).joinpath("static/index.html").read_text("utf-8")
+
+
+def create_app(
+    router: SessionRouter,
+    *,
+    authenticator: Authenticator | None = None,
+    authorizer: Authorizer | None = None,
+    settings: GatewaySettings | None = None,
+    chat_page: bool = True,
+    manage_router: bool = False,
+    close_grace: float = 5.0,
+) -> FastAPI:
+    """The gateway over `router`: the `/v1` API, `/healthz`, `/readyz`, OpenAPI at `/docs`
+    and the chat page at `/`.
+
+    Without an `authenticator` every request is the anonymous principal and every session is
+    visible; with one, a session is visible only as the `authorizer` (default: its creator
+    only) allows. With `manage_router` the app starts the router on startup and closes it
+    (with `close_grace`) on shutdown.
+    """
+    gateway = Gateway(router, authenticator, authorizer, settings or GatewaySettings())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if manage_router:
+            await router.start()
+        try:
+            yield
+        finally:
+            if manage_router:
+                await router.aclose(grace=close_grace)
+
+    app = FastAPI(title="stickless", version="0.1.0", lifespan=lifespan)
+    app.state.gateway = gateway
+    app.include_router(api_router(gateway))
+    app.include_router(probes_router(router))
+    if chat_page:
+        page = _page()
+
+        @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+        async def chat() -> HTMLResponse:
+            return HTMLResponse(page, headers={"Cache-Control": "no-store"})
+
+    return app

@@ -1,0 +1,129 @@
+"""`stickless serve`: one node with the HTTP gateway, under uvicorn (see the README, "Serve
+over HTTP")."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import socket
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._config import DeploymentMode, RouterConfig
+from ..backends.base import Backends
+from ..router import SessionRouter
+from ._app import create_app
+from ._auth import Authenticator, BearerTokens
+
+#: The agent every `stickless serve` node opens unless `--opener` names another.
+DEFAULT_OPENER = "stickless.demo.opener:make_opener"
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What `stickless serve` was asked for."""
+
+    redis_url: str | None = None
+    namespace: str = "stickless"
+    opener: str = DEFAULT_OPENER
+    host: str = "127.0.0.1"
+    port: int = 8000
+    node_id: str | None = None
+    tokens: str | None = None
+    no_auth: bool = False
+    grace: float = 5.0
+    config_overrides: dict[str, Any] = field(default_factory=dict)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` names only this machine (so serving it without tokens exposes nothing)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(options: ServeOptions) -> None:
+    """Raises: ValueError: a non-loopback host without tokens and without `--no-auth`."""
+    if not is_loopback(options.host) and options.tokens is None and not options.no_auth:
+        raise ValueError(
+            f"--host {options.host} is reachable from other machines: pass --tokens FILE "
+            "(bearer tokens), or --no-auth to serve it unauthenticated on purpose"
+        )
+
+
+def build_router(options: ServeOptions) -> tuple[SessionRouter, Backends]:
+    """The node's router: over Redis when `--redis` is given, else in memory (one node)."""
+    from ..node._service import load_opener
+
+    opener = load_opener(options.opener)
+    if options.redis_url is None:
+        from ..backends.memory import MemoryBackends
+
+        config = RouterConfig(node_id=options.node_id, **options.config_overrides)
+        backends: Backends = MemoryBackends()
+    else:
+        from ..backends.redis import RedisBackends
+
+        node_id = options.node_id or f"web-{socket.gethostname()}-{options.port}"
+        config = RouterConfig(
+            node_id=node_id, mode=DeploymentMode.DISTRIBUTED, **options.config_overrides
+        )
+        backends = RedisBackends.from_url(options.redis_url, namespace=options.namespace)
+    router = SessionRouter.build(config=config, opener=opener, backends=backends)
+    return router, backends
+
+
+async def serve(options: ServeOptions) -> int:
+    """Serve until SIGTERM/SIGINT, then close gracefully: no new connections, open streams
+    get `grace` seconds, running turns end, the lease and handles are released.
+
+    Prints `READY <port> <node id>` on stdout once the node takes requests.
+    """
+    import uvicorn
+
+    authenticator: Authenticator | None = None
+    if options.tokens is not None:
+        authenticator = BearerTokens.from_file(options.tokens)
+    router, backends = build_router(options)
+    app = create_app(
+        router, authenticator=authenticator, manage_router=True, close_grace=options.grace
+    )
+    config = uvicorn.Config(
+        app,
+        host=options.host,
+        port=options.port,
+        log_level="warning",
+        lifespan="on",
+        timeout_graceful_shutdown=max(int(options.grace), 1),
+    )
+    server = uvicorn.Server(config)
+    announce = asyncio.ensure_future(_announce(server, router))
+    try:
+        await server.serve()
+    finally:
+        announce.cancel()
+        with contextlib.suppress(Exception):
+            await backends.aclose()
+    return 0 if server.started else 1
+
+
+async def _announce(server: Any, router: SessionRouter) -> None:
+    while not server.started:
+        await asyncio.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    print(f"READY {port} {router.node_id}", flush=True)
+
+
+def main_serve(options: ServeOptions) -> int:
+    """Entry point of `stickless serve` (logging is configured by the CLI)."""
+    try:
+        check_exposure(options)
+    except ValueError as exc:
+        print(f"stickless serve: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(serve(options))

@@ -1,0 +1,281 @@
+"""Real `stickless serve` processes over one redis-server behind a real haproxy doing round
+robin with no stickiness, all on loopback; every process is stopped by its pid.
+
+`WebCluster` is synchronous (the HTTP tests drive it with blocking clients and a browser);
+`haproxy_executable()` fails under CI=true and skips otherwise when haproxy is missing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from stickless.local_services import free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+#: Bound of one process's start (imports, Redis, READY line) and of its stop.
+START_TIMEOUT = 30.0
+STOP_TIMEOUT = 10.0
+#: Router timings of the web nodes: short, so a killed holder is found quickly.
+WEB_CONFIG: dict[str, Any] = {
+    "lease_ttl": 2.0,
+    "lease_extend_interval": 0.5,
+    "holder_loss_sweep_interval": 0.5,
+    "status_heartbeat_interval": 0.5,
+    "forward_ttl": 20.0,
+    "interrupt_grace": 1.0,
+    "release_interrupt_timeout": 2.0,
+}
+
+_LIVE: dict[int, subprocess.Popen[bytes]] = {}
+
+
+@atexit.register
+def _reap_leftovers() -> None:
+    for pid, process in list(_LIVE.items()):
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                process.wait(timeout=5)
+        _LIVE.pop(pid, None)
+
+
+def _require(name: str) -> str:
+    found = shutil.which(name, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
+    if found is not None:
+        return found
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{name} is not installed but CI=true requires it (apt-get install -y {name})")
+    pytest.skip(f"{name} is not installed")
+
+
+def haproxy_executable() -> str:
+    return _require("haproxy")
+
+
+def _spawn(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+        ),
+    }
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=log, env=env, cwd=REPO_ROOT
+        )
+    _LIVE[process.pid] = process
+    return process
+
+
+def _stop(process: subprocess.Popen[bytes], signum: int = signal.SIGTERM) -> None:
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signum)
+        try:
+            process.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(timeout=STOP_TIMEOUT)
+    _LIVE.pop(process.pid, None)
+    if process.stdout is not None:
+        process.stdout.close()
+
+
+def _ready_line(process: subprocess.Popen[bytes], what: str, log_path: Path) -> str:
+    """The process's first stdout line, within START_TIMEOUT."""
+    assert process.stdout is not None
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        if not selector.select(START_TIMEOUT):
+            _stop(process, signal.SIGKILL)
+            raise RuntimeError(f"{what} printed nothing within {START_TIMEOUT}s; see {log_path}")
+    line = process.stdout.readline().decode(errors="replace").strip()
+    if not line.startswith("READY "):
+        _stop(process, signal.SIGKILL)
+        raise RuntimeError(f"{what} did not start ({line!r}); see {log_path}")
+    return line
+
+
+class WebNode:
+    """One `stickless serve` process."""
+
+    def __init__(
+        self, index: int, redis_url: str, namespace: str, log_dir: Path, tokens: Path | None
+    ) -> None:
+        self.index = index
+        self.name = f"web-{index}"
+        self.port = free_port()
+        self.redis_url = redis_url
+        self.namespace = namespace
+        self.tokens = tokens
+        self.log_path = log_dir / f"{self.name}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        #: The router's node id (with its incarnation), from the READY line.
+        self.node_id = ""
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self) -> None:
+        args = [
+            sys.executable, "-m", "stickless", "serve",
+            "--redis", self.redis_url,
+            "--namespace", self.namespace,
+            "--port", str(self.port),
+            "--node-id", self.name,
+            "--grace", "2",
+            "--config", json.dumps(WEB_CONFIG),
+        ]  # fmt: skip
+        if self.tokens is not None:
+            args += ["--tokens", str(self.tokens)]
+        self.process = _spawn(args, self.log_path)
+        self.node_id = _ready_line(self.process, self.name, self.log_path).split()[2]
+
+    def sigkill(self) -> None:
+        if self.process is not None:
+            _stop(self.process, signal.SIGKILL)
+
+    def terminate(self) -> int | None:
+        """SIGTERM and wait; the exit code (None when it was not started)."""
+        if self.process is None:
+            return None
+        _stop(self.process, signal.SIGTERM)
+        return self.process.returncode
+
+
+class Haproxy:
+    """haproxy on loopback: round robin over the nodes, no stickiness, health-checked on
+    /readyz so a killed node leaves the rotation within a second; a request refused by a dead
+    node is sent to the next one."""
+
+    def __init__(self, nodes: list[WebNode], log_dir: Path) -> None:
+        self.port = free_port()
+        self.nodes = nodes
+        self.config_path = log_dir / "haproxy.cfg"
+        self.log_path = log_dir / "haproxy.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def config(self) -> str:
+        servers = "\n".join(
+            f"    server {n.name} 127.0.0.1:{n.port} check inter 300ms fall 1 rise 1"
+            for n in self.nodes
+        )
+        return f"""global
+    maxconn 512
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 300s
+    timeout server 300s
+    timeout tunnel 300s
+    retries 3
+    option redispatch 1
+    option http-server-close
+frontend web
+    bind 127.0.0.1:{self.port}
+    default_backend nodes
+backend nodes
+    balance roundrobin
+    option httpchk GET /readyz
+{servers}
+"""
+
+    def start(self) -> None:
+        self.config_path.write_text(self.config())
+        args = [haproxy_executable(), "-db", "-f", str(self.config_path)]
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(args, stdout=log, stderr=log, cwd=REPO_ROOT)
+        _LIVE[self.process.pid] = self.process
+        self.wait_serving(len(self.nodes))
+
+    def wait_serving(self, nodes: int) -> None:
+        """Wait until `nodes` different nodes answer /healthz through the balancer."""
+        deadline = time.monotonic() + START_TIMEOUT
+        seen: set[str] = set()
+        while time.monotonic() < deadline:
+            assert self.process is not None and self.process.poll() is None, "haproxy exited"
+            try:
+                answer = httpx.get(f"{self.url}/healthz", timeout=2)
+                if answer.status_code == 200:
+                    seen.add(answer.json()["node_id"])
+            except httpx.HTTPError:
+                pass
+            if len(seen) >= nodes:
+                return
+            time.sleep(0.1)  # polling a process we do not control: no event to await
+        raise RuntimeError(
+            f"haproxy served {sorted(seen)} within {START_TIMEOUT}s; see {self.log_path}"
+        )
+
+    def stop(self) -> None:
+        if self.process is not None:
+            _stop(self.process, signal.SIGTERM)
+
+
+class WebCluster:
+    """`nodes` serve processes over `redis_url` behind haproxy."""
+
+    def __init__(
+        self, redis_url: str, log_dir: Path, nodes: int = 3, tokens: dict[str, str] | None = None
+    ) -> None:
+        token_file = None
+        if tokens is not None:
+            token_file = log_dir / "tokens.json"
+            token_file.write_text(json.dumps(tokens))
+        namespace = f"web{os.getpid()}x{free_port()}"
+        self.nodes = [WebNode(i, redis_url, namespace, log_dir, token_file) for i in range(nodes)]
+        self.balancer = Haproxy(self.nodes, log_dir)
+        self.log_dir = log_dir
+
+    @property
+    def url(self) -> str:
+        return self.balancer.url
+
+    def node_named(self, node_id: str) -> WebNode:
+        """The node whose router id is `node_id`."""
+        for node in self.nodes:
+            if node.node_id == node_id:
+                return node
+        raise LookupError(node_id)
+
+    def __enter__(self) -> WebCluster:
+        try:
+            for node in self.nodes:
+                node.start()
+            self.balancer.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.balancer.stop()
+        for node in self.nodes:
+            node.terminate()
