@@ -11,6 +11,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+import uvicorn
+
 from .._config import DeploymentMode, RouterConfig
 from ..backends.base import Backends
 from ..router import SessionRouter
@@ -84,8 +86,6 @@ async def serve(options: ServeOptions) -> int:
 
     Prints `READY <port> <node id>` on stdout once the node takes requests.
     """
-    import uvicorn
-
     authenticator: Authenticator | None = None
     if options.tokens is not None:
         authenticator = BearerTokens.from_file(options.tokens)
@@ -101,22 +101,27 @@ async def serve(options: ServeOptions) -> int:
         lifespan="on",
         timeout_graceful_shutdown=max(int(options.grace), 1),
     )
-    server = uvicorn.Server(config)
-    announce = asyncio.ensure_future(_announce(server, router))
+    server = _AnnouncingServer(config, router.node_id)
     try:
         await server.serve()
     finally:
-        announce.cancel()
         with contextlib.suppress(Exception):
             await backends.aclose()
     return 0 if server.started else 1
 
 
-async def _announce(server: Any, router: SessionRouter) -> None:
-    while not server.started:
-        await asyncio.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    print(f"READY {port} {router.node_id}", flush=True)
+class _AnnouncingServer(uvicorn.Server):
+    """uvicorn's server, printing the READY line once it listens."""
+
+    def __init__(self, config: uvicorn.Config, node_id: str) -> None:
+        super().__init__(config)
+        self._node_id = node_id
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            port = self.servers[0].sockets[0].getsockname()[1]
+            print(f"READY {port} {self._node_id}", flush=True)
 
 
 def main_serve(options: ServeOptions) -> int:
