@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up (or refresh) the local virtualenv, then run one job: `demo` or `test`.
 #   bash scripts/run.sh demo   -> the stickless demo on a 3-node LocalCluster
+#   bash scripts/run.sh serve  -> one node with the HTTP gateway and chat page on 127.0.0.1:8000
 #   bash scripts/run.sh test   -> lint, type check and the whole test suite
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,9 +9,15 @@ cd "$(dirname "$0")/.."
 job="${1:-test}"
 shift || true
 
-# The Redis tests start their own redis-server; install it when missing (CI runs as root).
-if ! command -v redis-server >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
-  apt-get update && apt-get install -y redis-server
+# The tests start their own redis-server, haproxy and headless Chromium (Debian's chromium and
+# chromium-driver); install what is missing (CI runs as root).
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+[ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null 2>&1 || missing+=(haproxy)
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+[ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
+if [ "${#missing[@]}" -gt 0 ] && [ "$job" = test ] && command -v apt-get >/dev/null 2>&1; then
+  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
 fi
 
 python_bin="${PYTHON:-python3}"
@@ -25,13 +32,16 @@ case "$job" in
   demo)
     exec .venv/bin/stickless demo "$@"
     ;;
+  serve)
+    exec .venv/bin/stickless serve "$@"
+    ;;
   test)
     .venv/bin/ruff check stickless tests
     .venv/bin/mypy stickless
     exec .venv/bin/python -m pytest -q "$@"
     ;;
   *)
-    echo "usage: scripts/run.sh demo|test" >&2
+    echo "usage: scripts/run.sh demo|serve|test" >&2
     exit 2
     ;;
 esac

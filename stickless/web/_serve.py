@@ -9,6 +9,7 @@ import ipaddress
 import socket
 import sys
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -116,6 +117,12 @@ class _AnnouncingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, node_id: str) -> None:
         super().__init__(config)
         self._node_id = node_id
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        # uvicorn raises a captured signal again once shut down (the process then dies of
+        # it); the shutdown is complete by then, so the process exits 0 instead.
+        self._captured_signals.clear()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
