@@ -117,7 +117,9 @@ async def live_server(served: Served) -> AsyncIterator[str]:
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
     )
     task = asyncio.ensure_future(server.serve())
-    await asyncio.wait({task, asyncio.ensure_future(server.up.wait())}, return_when="FIRST_COMPLETED")
+    up = asyncio.ensure_future(server.up.wait())
+    await asyncio.wait({task, up}, return_when=asyncio.FIRST_COMPLETED)
+    up.cancel()
     if task.done():
         task.result()
     try:

@@ -225,7 +225,7 @@ async def test_status_transcript_release_and_delete(served: Served) -> None:
     assert status.status_code == 200 and status.json()["session_id"] == "s1"
     assert status.json()["holder"] == served.router.node_id
     entries = (await client.get("/v1/sessions/s1/transcript")).json()["entries"]
-    assert [(e["role"], e["content"]) for e in entries][0] == ("user", "remember me")
+    assert (entries[0]["role"], entries[0]["content"]) == ("user", "remember me")
     assert (await client.post("/v1/sessions/s1/release")).status_code == 204
     assert served.router.local_sessions() == []
     assert len((await client.get("/v1/sessions/s1/transcript")).json()["entries"]) == 2

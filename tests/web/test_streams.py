@@ -25,22 +25,24 @@ async def _until_terminal(response: httpx.Response) -> list[Frame]:
 
 
 async def test_session_events_stream_live_with_heartbeats(live_server: str) -> None:
-    async with httpx.AsyncClient(base_url=live_server, timeout=30) as client:
-        async with client.stream("GET", "/v1/sessions/s1/events") as stream:
-            assert stream.status_code == 200
-            assert stream.headers["cache-control"] == "no-store"
-            live = frames(stream)
-            # Silence first: the heartbeat comment keeps the connection.
-            first = await anext(live)
-            assert first.data is None and "keep-alive" in first.comments
-            submitted = await client.post("/v1/sessions/s1/turns", json=turn("a b c"))
-            turn_id = submitted.json()["turn_id"]
-            got: list[Frame] = []
-            async for frame in live:
-                if frame.data is not None:
-                    got.append(frame)
-                    if frame.event == "turn_completed":
-                        break
+    async with (
+        httpx.AsyncClient(base_url=live_server, timeout=30) as client,
+        client.stream("GET", "/v1/sessions/s1/events") as stream,
+    ):
+        assert stream.status_code == 200
+        assert stream.headers["cache-control"] == "no-store"
+        live = frames(stream)
+        # Silence first: the heartbeat comment keeps the connection.
+        first = await anext(live)
+        assert first.data is None and "keep-alive" in first.comments
+        submitted = await client.post("/v1/sessions/s1/turns", json=turn("a b c"))
+        turn_id = submitted.json()["turn_id"]
+        got: list[Frame] = []
+        async for frame in live:
+            if frame.data is not None:
+                got.append(frame)
+                if frame.event == "turn_completed":
+                    break
     assert got[0].event == "turn_started"
     assert {f.data["turn_id"] for f in got} == {turn_id}
     assert all(f.id for f in got)
