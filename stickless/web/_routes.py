@@ -269,14 +269,13 @@ def api_router(gateway: Gateway) -> APIRouter:
     @api.get(
         "/sessions/{session_id}/turns/{turn_id}",
         response_model=TurnView,
-        response_model_exclude_none=True,
     )
     async def get_turn(
         session_id: str,
         turn_id: str,
         request: Request,
         wait: Annotated[float, Query(ge=0, le=MAX_WAIT)] = 0.0,
-    ) -> TurnView:
+    ) -> JSONResponse:
         """The turn's state and answer; `?wait=SECONDS` waits up to that long for its end."""
         principal = await gateway.principal(request)
         await gateway.check(principal, session_id, Action.READ)
@@ -284,7 +283,10 @@ def api_router(gateway: Gateway) -> APIRouter:
             # The state below says how the turn ended, or that it has not yet.
             with contextlib.suppress(TurnFailedError, TimeoutError):
                 await router.result(session_id, turn_id, timeout=wait)
-        return TurnView.of(await router.turn(session_id, turn_id))
+        view = TurnView.of(await router.turn(session_id, turn_id))
+        # `result` / `error` only when the turn has one; `executed_by` always (null: queued).
+        absent = {name for name in ("result", "error") if getattr(view, name) is None}
+        return JSONResponse(view.model_dump(exclude=absent))
 
     @api.get(
         "/sessions/{session_id}/turns/{turn_id}/events",

@@ -148,7 +148,7 @@ async def test_a_running_turn_reads_running_and_wait_returns_before_its_end(
     url = answer.headers["location"]
     got = (await served.client.get(url, params={"wait": 0.3})).json()
     assert got["state"] in ("queued", "running")
-    assert "result" not in got and "error" not in got
+    assert "result" not in got and "error" not in got and "executed_by" in got
     await served.client.post("/v1/sessions/s1/interrupt", json={})
 
 
