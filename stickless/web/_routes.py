@@ -246,7 +246,11 @@ def api_router(gateway: Gateway) -> APIRouter:
         if _wants_events(request):
             stream = await router.stream(submit)
             _read(stream.disposition.result)
-            headers = {"X-Turn-Id": stream.disposition.turn_id, "X-Origin": stream.origin.value}
+            headers = {
+                "X-Turn-Id": stream.disposition.turn_id,
+                "X-Origin": stream.origin.value,
+                "X-Node-Id": router.node_id,
+            }
             response = sse_response(_event_bytes(stream), gateway.settings.heartbeat)
             response.headers.update(headers)
             return response
@@ -264,7 +268,8 @@ def api_router(gateway: Gateway) -> APIRouter:
             origin=disposition.origin.value,
         )
         location = f"/v1/sessions/{session_id}/turns/{disposition.turn_id}"
-        return JSONResponse(accepted.model_dump(), status_code=202, headers={"Location": location})
+        headers = {"Location": location, "X-Node-Id": router.node_id}
+        return JSONResponse(accepted.model_dump(), status_code=202, headers=headers)
 
     @api.get(
         "/sessions/{session_id}/turns/{turn_id}",
