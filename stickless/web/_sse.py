@@ -14,7 +14,7 @@ from .._events import Event
 
 #: Headers of every event stream: never cached, never buffered by a proxy (nginx honours
 #: X-Accel-Buffering; haproxy forwards chunks as they come).
-SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
+SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 #: Seconds a browser waits before reconnecting a dropped stream (the `retry:` field).
 RECONNECT_MS = 1000
 
