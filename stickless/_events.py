@@ -132,6 +132,15 @@ EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 TERMINAL_EVENTS = (TurnCompleted, TurnFailed, Interrupted, Rejected)
 
 
+def unfinished_frame(code: FailureCode, reason: str, **fields: object) -> Interrupted | TurnFailed:
+    """The terminal frame of a turn that did not complete, saying what its answer says: the
+    user's interrupt is `interrupted` (with their reason), every other end `turn_failed` with
+    its code (HOLDER_LOST, LEASE_LOST, SHUTDOWN, EVICTED, ...)."""
+    if code is FailureCode.INTERRUPTED:
+        return Interrupted.model_validate({"reason": reason, **fields})
+    return TurnFailed.model_validate({"code": code, "message": reason, **fields})
+
+
 def is_terminal(event: Event) -> bool:
     """True for the frames that end a turn for a subscriber (not an attempt that is retried)."""
     return isinstance(event, TERMINAL_EVENTS) and not event.retrying

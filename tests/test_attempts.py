@@ -11,7 +11,6 @@ import pytest
 from stickless import (
     Event,
     FailureCode,
-    Interrupted,
     RetryPolicy,
     TurnCompleted,
     TurnFailed,
@@ -170,11 +169,11 @@ async def test_a_turn_whose_holder_died_runs_again_under_retry(
         assert _runs(journal, "long") == [1, 2]
         tokens = [token for _, _, t, _, token in journal.attempts if t == "long"]
         assert tokens[1] > tokens[0]
-        # And subscribers saw the lost attempt interrupted (not the turn's end), then attempt 2
+        # And subscribers saw the lost attempt fail (not the turn's end), then attempt 2
         frames = await reading
-        lost = [f for f in frames if isinstance(f, Interrupted)]
-        assert [(f.attempt, f.reason, f.retrying) for f in lost] == [
-            (1, FailureCode.HOLDER_LOST.value, True)
+        lost = [f for f in frames if isinstance(f, TurnFailed)]
+        assert [(f.attempt, f.code, f.retrying) for f in lost] == [
+            (1, FailureCode.HOLDER_LOST, True)
         ]
         assert [f.attempt for f in frames if isinstance(f, TurnStarted)] == [1, 2]
         assert isinstance(frames[-1], TurnCompleted) and frames[-1].attempt == 2

@@ -69,7 +69,7 @@ def _check_demo_output(out: str) -> None:
     )
     assert lost is not None, out
     assert re.search(
-        rf"subscriber on {watcher.group(1)} saw Interrupted\(reason='HOLDER_LOST'\) "
+        rf"subscriber on {watcher.group(1)} saw TurnFailed\(code='HOLDER_LOST'\) "
         r"\d+\.\d+s after the kill",
         out,
     ), out
@@ -176,7 +176,7 @@ def _check_ray_demo_output(out: str) -> None:
     killed = re.search(rf"ray\.kill\(router ({label})\) mid-turn", out)
     assert killed is not None, out
     assert re.search(r"got TurnFailedError\(code=HOLDER_LOST\) \d+\.\d+s after the kill", out), out
-    assert "saw Interrupted(reason='HOLDER_LOST')" in out
+    assert "saw TurnFailed(code='HOLDER_LOST')" in out
     served = re.search(rf"next turn served by survivor ({label}): placed \d+\.\d+s", out)
     assert served is not None, out
     assert served.group(1) != killed.group(1)

@@ -27,9 +27,9 @@ async def test_a_lost_turns_terminal_frame_orders_after_its_frames_and_before_th
         # Then the lost turn's terminal frame comes after all of its own frames by seq
         frames = await cluster.backends.events.read("s1", None, 1000)
         of_lost = [f for f in frames if f.turn_id == lost.turn_id]
-        terminal = [f for f in of_lost if f.type == "interrupted"]
-        assert [f.reason for f in terminal] == [FailureCode.HOLDER_LOST.value]
-        assert terminal[0].seq > max(f.seq for f in of_lost if f.type != "interrupted")
+        terminal = [f for f in of_lost if f.type == "turn_failed"]
+        assert [f.code for f in terminal] == [FailureCode.HOLDER_LOST]
+        assert terminal[0].seq > max(f.seq for f in of_lost if f.type != "turn_failed")
         # And the next turn's start names a newer lease than the lost turn's start
         starts = {f.turn_id: f for f in frames if f.type == "turn_started"}
         assert starts[following.turn_id].token > starts[lost.turn_id].token

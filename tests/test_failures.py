@@ -197,12 +197,13 @@ async def test_holder_death_loses_only_the_running_turn_and_the_collected_one_ru
             "after",
             "echo:after",
         ]
-        # And the subscriber saw why: exactly one Interrupted(HOLDER_LOST), for the lost turn,
-        # and no interruption for any other reason
+        # And the subscriber saw why: exactly one TurnFailed(HOLDER_LOST), for the lost turn,
+        # and no other turn's end but completions
         lost: list[str] = []
         async for event in watcher:
-            if event.type == "interrupted":
-                assert event.reason == "HOLDER_LOST", event
+            assert event.type != "interrupted", event
+            if event.type == "turn_failed":
+                assert event.code == "HOLDER_LOST", event
                 lost.append(event.turn_id)
             if event.type == "turn_completed" and event.turn_id == result.turn_id:
                 break

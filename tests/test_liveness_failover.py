@@ -47,12 +47,12 @@ async def test_sigkilled_holder_is_known_lost_by_its_liveness_with_default_timin
         stale_by_timer = float(await cluster.redis.hget(key, "stale") or 0)
         # When A is SIGKILLed
         await a.sigkill()
-        # Then B's caller gets HOLDER_LOST and B's subscriber the Interrupted(HOLDER_LOST) frame
+        # Then B's caller gets HOLDER_LOST and B's subscriber the TurnFailed(HOLDER_LOST) frame
         with pytest.raises(TurnFailedError) as lost:
             await asyncio.wait_for(b.client.result(ticket["turn_id"]), 60)
         assert lost.value.code is FailureCode.HOLDER_LOST
         frames = await next_frames(stream, ticket["turn_id"], within=60)
-        assert frames[-1].type == "interrupted" and frames[-1].reason == "HOLDER_LOST"
+        assert frames[-1].type == "turn_failed" and frames[-1].code == "HOLDER_LOST"
         # ...decided by A's liveness, not by a staleness timer: the reservation's old-style
         # deadline (the secondary TTL after it was taken) had not come yet (server clock)
         assert await cluster.server_time() / 1e6 < stale_by_timer

@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass, field
 
 from .._errors import FailureCode
-from .._events import Event, Interrupted, TurnCompleted, TurnFailed
+from .._events import Event, TurnCompleted, TurnFailed, unfinished_frame
 from .._retry import RetryPolicy
 from .._session import LiveSession, TurnContext
 from .._types import TurnOutput
@@ -121,14 +121,14 @@ async def conclude(
     node = host.node_id
     if running.interrupt_code is not None:
         code, reason = running.interrupt_code, running.interrupt_reason
-        frame = Interrupted(reason=reason, executed_by=node)
+        frame = unfinished_frame(code, reason, executed_by=node)
         return failure(work, code, reason, node), frame, None, False
     if task.cancelled():
         return (*failed(work, FailureCode.FAILED, "turn task cancelled", node), None, False)
     error = task.exception()
     if isinstance(error, NotStarted):
         reason = str(error)
-        frame = Interrupted(reason=FailureCode.LEASE_LOST.value, executed_by=node)
+        frame = TurnFailed(code=FailureCode.LEASE_LOST, message=reason, executed_by=node)
         return failure(work, FailureCode.LEASE_LOST, reason, node), frame, None, True
     if error is not None:
         log.warning("turn %s of %s failed: %r", work.turn_id, work.session_id, error)

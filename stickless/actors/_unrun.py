@@ -4,7 +4,14 @@ prepare), and the outcome helpers its turns share."""
 from __future__ import annotations
 
 from .._errors import FailureCode
-from .._events import LATE_TERMINAL_SEQ, Event, Interrupted, Rejected, TurnFailed
+from .._events import (
+    LATE_TERMINAL_SEQ,
+    Event,
+    Interrupted,
+    Rejected,
+    TurnFailed,
+    unfinished_frame,
+)
 from ..wire import Outcome
 from ._host import ActorHost, StopReason
 from ._work import TurnWork
@@ -25,12 +32,13 @@ async def answer_cut_short(host: ActorHost, work: TurnWork, reason: StopReason) 
     """A running turn a stop cancelled past its grace: its relay was aborted, so its frame
     comes late (after any of its own)."""
     node = host.node_id
-    frame = Interrupted(
+    frame = unfinished_frame(
+        reason.interrupt_code,
+        reason.value,
         session_id=work.session_id,
         turn_id=work.turn_id,
         attempt=max(work.attempt, 1),
         seq=LATE_TERMINAL_SEQ,
-        reason=reason.value,
         executed_by=node,
     )
     await host.complete(work, failure(work, reason.interrupt_code, reason.value, node), frame=frame)

@@ -6,7 +6,7 @@ Per trial: a fresh holder process claims the session; a router in the bench proc
 survivor) submits a long turn, which is forwarded to the holder and starts there; a second
 survivor runs as another node process. The holder is SIGKILLed (no release, no announcement),
 then the bench router submits the next turn at once. Measured: kill -> HOLDER_LOST raised to
-the waiting caller, kill -> the subscriber's Interrupted(HOLDER_LOST) frame, kill -> the next
+the waiting caller, kill -> the subscriber's TurnFailed(HOLDER_LOST) frame, kill -> the next
 turn's result. Compared with the bound the timings imply (liveness TTL + sweep interval) and
 the seed's ~45 s under its defaults.
 """
@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from .._errors import TurnFailedError
-from .._events import Interrupted, TurnStarted
+from .._events import TurnFailed, TurnStarted
 from ..router import SessionRouter
 from ._common import redis_router, request
 from ._procs import NodeProc
@@ -83,7 +83,7 @@ async def _trial(
 
         async def interrupted() -> float | None:
             async for event in stream:
-                if isinstance(event, Interrupted) and event.turn_id == long_turn.turn_id:
+                if isinstance(event, TurnFailed) and event.turn_id == long_turn.turn_id:
                     return time.monotonic() - killed
             return None
 
@@ -171,7 +171,7 @@ def _report(results: dict[str, Any]) -> dict[str, Any]:
         frame = data["interrupted_frame_s"]
         rows.append(
             [
-                f"{label}: kill -> subscriber's Interrupted(HOLDER_LOST), median s",
+                f"{label}: kill -> subscriber's TurnFailed(HOLDER_LOST), median s",
                 frame.get("p50"),
                 "-",
                 None,

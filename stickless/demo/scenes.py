@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._errors import FailureCode, IdempotencyConflictError, TurnFailedError
-from .._events import Event, Interrupted, TextDelta, TurnStarted, is_terminal
+from .._events import Event, Interrupted, TextDelta, TurnFailed, TurnStarted, is_terminal
 from .cluster import DemoCluster, DemoError
 from .console import Console
 from .state import EXECUTED_LOCALLY, FORWARDED, Demo, SubmitRecord, watch_turn
@@ -229,10 +229,10 @@ async def scene_kill(demo: Demo) -> None:
     killed_at = 0.0
 
     def heard(event: Event) -> None:
-        if isinstance(event, Interrupted):
+        if isinstance(event, TurnFailed):
             console.line(
                 "event",
-                f"subscriber on {demo.label(watcher)} saw Interrupted(reason={event.reason!r}) "
+                f"subscriber on {demo.label(watcher)} saw TurnFailed(code={event.code.value!r}) "
                 f"{time.monotonic() - killed_at:.2f}s after the kill",
             )
 
@@ -256,8 +256,8 @@ async def scene_kill(demo: Demo) -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await watching
     last = frames[-1] if frames else None
-    if not isinstance(last, Interrupted) or last.reason != FailureCode.HOLDER_LOST.value:
-        raise DemoError(f"the subscriber's last frame was {last!r}, not Interrupted(HOLDER_LOST)")
+    if not isinstance(last, TurnFailed) or last.code is not FailureCode.HOLDER_LOST:
+        raise DemoError(f"the subscriber's last frame was {last!r}, not TurnFailed(HOLDER_LOST)")
     committed = await cluster.committed(sid)
     console.line("check", f"{sid:<11} " + says.crash_committed.format(committed=committed))
     via = watcher if says.next_via_watcher else caller

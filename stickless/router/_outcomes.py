@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from .._errors import BackendUnavailableError, FailureCode
-from .._events import LATE_TERMINAL_SEQ, Event, Interrupted
+from .._events import LATE_TERMINAL_SEQ, Event, TurnFailed
 from ..actors import LastFrames, Later, PendingEntry, TurnWork
 from ..backends.base import (
     AttemptRecord,
@@ -573,12 +573,13 @@ class TurnOutcomes(RouterPart):
         """Tell subscribers an attempt was lost with its holder and the turn runs again (the
         one node that gave the attempt up sends it)."""
         self._metrics.emit("on_holder_loss", session_id, turn_id)
-        frame = Interrupted(
+        frame = TurnFailed(
             session_id=session_id,
             turn_id=turn_id,
             attempt=attempt,
             seq=LATE_TERMINAL_SEQ,
-            reason=FailureCode.HOLDER_LOST.value,
+            code=FailureCode.HOLDER_LOST,
+            message=f"node {holder} stopped answering; the turn runs again",
             executed_by=holder,
             retrying=True,
         )
@@ -586,11 +587,12 @@ class TurnOutcomes(RouterPart):
 
     async def _announce_lost(self, stale: Reservation, outcome: Outcome) -> None:
         self._metrics.emit("on_holder_loss", stale.session_id, stale.turn_id)
-        frame = Interrupted(
+        frame = TurnFailed(
             session_id=stale.session_id,
             turn_id=stale.turn_id,
             seq=LATE_TERMINAL_SEQ,
-            reason=FailureCode.HOLDER_LOST.value,
+            code=FailureCode.HOLDER_LOST,
+            message=outcome.message,
             executed_by=stale.holder or "",
         )
         await self._control.deliver_frames(stale.session_id, [frame])
