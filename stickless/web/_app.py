@@ -10,6 +10,8 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..router import SessionRouter
 from ._auth import Authenticator, Authorizer
@@ -18,6 +20,32 @@ from ._routes import Gateway, GatewaySettings, api_router
 
 #: Seconds `/readyz` waits for the backends to answer.
 READY_TIMEOUT = 2.0
+
+
+#: The header naming the node that answered a `/v1` request (its router's node id).
+NODE_HEADER = "X-Node-Id"
+
+
+class NodeIdHeader:
+    """ASGI middleware stamping every `/v1` answer (errors and event streams included) with
+    `X-Node-Id: <router.node_id>`, so a client behind a load balancer sees which node answered."""
+
+    def __init__(self, app: ASGIApp, router: SessionRouter) -> None:
+        self.app = app
+        self.router = router
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if path != "/v1" and not path.startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+
+        async def stamped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message)[NODE_HEADER] = self.router.node_id
+            await send(message)
+
+        await self.app(scope, receive, stamped)
 
 
 def probes_router(router: SessionRouter) -> APIRouter:
@@ -59,8 +87,8 @@ def create_app(
     manage_router: bool = False,
     close_grace: float = 5.0,
 ) -> FastAPI:
-    """The gateway over `router`: the `/v1` API, `/healthz`, `/readyz`, OpenAPI at `/docs`
-    and the chat page at `/`.
+    """The gateway over `router`: the `/v1` API (every answer names its node in `X-Node-Id`),
+    `/healthz`, `/readyz`, OpenAPI at `/docs` and the chat page at `/`.
 
     Without an `authenticator` every request is the anonymous principal and every session is
     visible; with one, a session is visible only as the `authorizer` (default: its creator
@@ -81,6 +109,7 @@ def create_app(
 
     app = FastAPI(title="stickless", version="0.1.0", lifespan=lifespan)
     app.state.gateway = gateway
+    app.add_middleware(NodeIdHeader, router=router)
     app.include_router(api_router(gateway))
     app.include_router(probes_router(router))
     if chat_page:
