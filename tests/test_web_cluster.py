@@ -307,9 +307,8 @@ def test_a_stream_served_by_a_survivor_hears_its_holder_lost(cluster: WebCluster
         end = stream.until(is_terminal)
         assert stream.to_end() == []
     assert stream.broken is None
-    # (a lost holder's turn ends for subscribers with Interrupted(reason=HOLDER_LOST), logged
-    # like every frame: see the README, "Delivery, attempts and retries")
-    assert end.event == "interrupted" and end.data["reason"] == "HOLDER_LOST", end
+    # (logged like every frame: see the README, "Delivery, attempts and retries")
+    assert end.event == "turn_failed" and end.data["code"] == "HOLDER_LOST", end
     assert end.data["executed_by"] == holder and end.id is not None
     # And the turn says so through the balancer
     view = wait_turn(cluster, sid, tid)
