@@ -18,8 +18,12 @@ from stickless.cli import main
 
 from .ray_cluster import import_ray
 from .redis_fixture import redis_executable
+from .web_cluster import haproxy_executable
 
 RAY = "ray"
+HTTP = "http"
+#: Scenarios with a test of their own (they need Ray, haproxy).
+OWN_TEST = {RAY, HTTP}
 
 
 def _numbers(value: Any) -> Iterator[float]:
@@ -66,8 +70,8 @@ def _quick(tmp_path: Path, names: list[str]) -> dict[str, Any]:
 
 @pytest.mark.timeout(240)
 def test_quick_bench_reports_every_scenario(tmp_path: Path) -> None:
-    """Every scenario but `ray` (which needs Ray: see the next test)."""
-    names = [name for name in SCENARIOS if name != RAY]
+    """Every scenario but `ray` and `http` (which need Ray, haproxy: see the next tests)."""
+    names = [name for name in SCENARIOS if name not in OWN_TEST]
     report = _quick(tmp_path, names)
     _check(report, names)
     scenarios = report["scenarios"]
@@ -92,6 +96,20 @@ def test_quick_bench_ray_scenario(tmp_path: Path) -> None:
     results = report["scenarios"][RAY]["results"]
     assert results["memory"]["actor_processes"] >= 1
     assert results["failover"]["fast_failover_on"]["outcome"] == "HOLDER_LOST"
+
+
+@pytest.mark.timeout(120)
+def test_quick_bench_http_scenario(tmp_path: Path) -> None:
+    """The HTTP gateway: serve processes behind haproxy, against the Python API."""
+    haproxy_executable()  # skipped without haproxy (a failure under CI=true)
+    report = _quick(tmp_path, [HTTP])
+    _check(report, [HTTP])
+    results = report["scenarios"][HTTP]["results"]
+    assert results["turn_latency_ms"]["http"]["all"]["n"] > 0
+    assert results["event_latency_ms"]["python"]["n"] > 0
+    assert results["burst_events_dropped"] == {"http": 0, "python": 0}
+    ratios = report["scenarios"][HTTP]["ratios"]
+    assert {"turn_p50", "turn_p99", "event_p50", "event_p99", "events_per_s"} <= set(ratios)
 
 
 def test_only_selects_and_rejects_unknown(tmp_path: Path) -> None:
