@@ -11,6 +11,7 @@ from stickless import Event, InvalidRequestError, TurnCompleted, TurnStream, Unk
 from stickless.testing import LocalCluster
 
 from .agents import Journal, req
+from .conftest import ClusterFactory
 
 
 async def _drain(stream: TurnStream) -> list[Event]:
@@ -60,3 +61,30 @@ async def test_follow_refuses_an_unknown_turn_and_a_malformed_cursor(
     await done.result
     with pytest.raises(InvalidRequestError, match="after"):
         await a.follow("s1", done.turn_id, after="garbage")
+
+
+async def test_a_reader_that_lagged_past_its_queue_gets_every_frame_from_the_log(
+    cluster_over: ClusterFactory,
+) -> None:
+    async with cluster_over(nodes=2, subscriber_queue_size=4) as cluster:
+        a, b = cluster.nodes
+        words = [f"w{i}" for i in range(40)]
+        # Given subscribers on both nodes that read nothing while a turn emits 40 words
+        streams = [node.events("s1") for node in (a, b)]
+        for stream in streams:
+            await stream.ready()
+        done = await a.submit(req("s1", " ".join(words)))
+        await done.result
+        for stream in streams:
+            # When they read on, past the frames their queues of 4 dropped
+            frames: list[Event] = []
+            async with stream:
+                async for frame in stream:
+                    frames.append(frame)
+                    if frame.type == "turn_completed":
+                        break
+            # Then each got every frame once, in order, fetched back from the event log
+            assert stream.dropped > 0
+            texts = [f.text.strip() for f in frames if f.type == "text_delta"]  # type: ignore[union-attr]
+            assert texts == words
+            assert [f.seq for f in frames] == sorted(f.seq for f in frames)

@@ -195,6 +195,7 @@ defaults
     retries 3
     option redispatch 1
     option http-server-close
+    option http-no-delay
 frontend web
     bind 127.0.0.1:{self.port}
     default_backend nodes

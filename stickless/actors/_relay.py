@@ -253,15 +253,25 @@ class Subscriber:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     finished: bool = False
     dropped: int = 0
+    #: The event id of the oldest frame dropped since `take_lost` last ran (None: no logged
+    #: frame was dropped), so the reader can fetch what it lost from the event log.
+    lost_from: str | None = None
 
     def offer(self, frame: Event) -> None:
         if self.finished or (self.turn_id is not None and frame.turn_id != self.turn_id):
             return
         if len(self.frames) >= self.capacity:
-            self.frames.popleft()
+            lost = self.frames.popleft()
             self.dropped += 1
+            if self.lost_from is None and lost.event_id is not None:
+                self.lost_from = lost.event_id
         self.frames.append(frame)
         self.wake.set()
+
+    def take_lost(self) -> str | None:
+        """The oldest dropped frame's event id since the last call (then forgotten)."""
+        lost, self.lost_from = self.lost_from, None
+        return lost
 
     def finish(self) -> None:
         self.finished = True

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from .._errors import InvalidRequestError
+from .._errors import EventCursorError, InvalidRequestError
 from .._events import Event, is_terminal
 from ..actors import Subscriber, drain_subscriber
 from ..backends.base import EventLog
 
 _REPLAY_PAGE = 500
+log = logging.getLogger(__name__)
 
 #: An event id as both event logs write it (a Redis stream id): "<ms>-<n>", or "<ms>" alone
 #: (read as "<ms>-0"), each part an unsigned 64-bit decimal, ASCII digits only.
@@ -95,22 +97,75 @@ class EventStream:
     async def _frames(self) -> AsyncIterator[Event]:
         await self.ready()
         turn_filter = self._sub.turn_id
-        replayed: set[tuple[str, int, int]] = set()
+        seen = _Recent(2 * self._sub.capacity + _REPLAY_PAGE)
         cursor = self._after
         if cursor is not None:
-            while True:
-                page = await self._log.read(self._sub.session_id, cursor, _REPLAY_PAGE)
-                for frame in page:
-                    replayed.add((frame.turn_id, frame.attempt, frame.seq))
-                    if turn_filter is not None and frame.turn_id != turn_filter:
-                        continue
-                    yield frame
-                    if turn_filter is not None and is_terminal(frame):
-                        return
-                if len(page) < _REPLAY_PAGE or page[-1].event_id is None:
-                    break
-                cursor = page[-1].event_id
+            async for frame in self._logged(cursor):
+                seen.add(frame)
+                if turn_filter is not None and frame.turn_id != turn_filter:
+                    continue
+                yield frame
+                if turn_filter is not None and is_terminal(frame):
+                    return
         async for frame in drain_subscriber(self._sub):
-            if replayed and (frame.turn_id, frame.attempt, frame.seq) in replayed:
-                continue
-            yield frame
+            lost = self._sub.take_lost()
+            if lost is not None:
+                # Frames were dropped while this reader lagged: the log still has them (from
+                # the oldest dropped one on), so they are yielded in order, and the queued
+                # frames the log also gave are skipped below.
+                async for old in self._lost_frames(lost):
+                    if not seen.add(old) or (turn_filter and old.turn_id != turn_filter):
+                        continue
+                    yield old
+                    if turn_filter is not None and is_terminal(old):
+                        return
+            if seen.add(frame):
+                yield frame
+
+    async def _logged(self, cursor: str) -> AsyncIterator[Event]:
+        """The log's frames after `cursor`, page by page."""
+        while True:
+            page = await self._log.read(self._sub.session_id, cursor, _REPLAY_PAGE)
+            for frame in page:
+                yield frame
+            if len(page) < _REPLAY_PAGE or page[-1].event_id is None:
+                return
+            cursor = page[-1].event_id
+
+    async def _lost_frames(self, lost_from: str) -> AsyncIterator[Event]:
+        """The log's frames from the event id `lost_from` on; none when the log no longer
+        holds them (then they are lost: the reader was slower than the log's bound)."""
+        try:
+            async for frame in self._logged(_just_before(lost_from)):
+                yield frame
+        except (EventCursorError, InvalidRequestError) as exc:
+            log.warning("frames of %s lost by a slow reader: %s", self._sub.session_id, exc)
+        except Exception as exc:  # the store is out of reach: the queue goes on without them
+            log.warning("frames of %s lost by a slow reader were not read: %s",
+                        self._sub.session_id, exc)
+
+
+def _just_before(event_id: str) -> str:
+    """The id right before `event_id` ("<ms>-<n>"), so a read after it starts at `event_id`."""
+    ms, _, n = event_id.partition("-")
+    if n and int(n) > 0:
+        return f"{ms}-{int(n) - 1}"
+    return f"{int(ms) - 1}-{_U64_MAX}" if int(ms) > 0 else "0-0"
+
+
+class _Recent:
+    """The frames (by turn, attempt, seq) a stream yielded lately, at most `capacity`."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._keys: dict[tuple[str, int, int], None] = {}
+
+    def add(self, frame: Event) -> bool:
+        """Remember the frame; False when it was seen before."""
+        key = (frame.turn_id, frame.attempt, frame.seq)
+        if key in self._keys:
+            return False
+        self._keys[key] = None
+        if len(self._keys) > self._capacity:
+            del self._keys[next(iter(self._keys))]
+        return True

@@ -5,7 +5,8 @@ cache (see docs/architecture.md, "Turn lookup")."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from .._errors import TurnFailedError
@@ -47,7 +48,7 @@ class TurnStream:
         #: The answer future is this stream's own (a follow's lookup): closing cancels it.
         self._owns_answer = owns_answer
         self._seen: set[tuple[int, int]] = set()
-        self._iterator: AsyncIterator[Event] | None = None
+        self._iterator: AsyncGenerator[Event, None] | None = None
         self._closed = False
 
     @property
@@ -76,6 +77,11 @@ class TurnStream:
         if self._closed:
             return
         self._closed = True
+        if self._iterator is not None:
+            # A reader that stopped early leaves `_followed` suspended with a read pending:
+            # closing the generator runs its cleanup, which cancels and collects that read.
+            with contextlib.suppress(RuntimeError):  # (another task is iterating it right now)
+                await self._iterator.aclose()
         answer = self._disposition.result
         if self._owns_answer:
             if answer.done() and not answer.cancelled():
@@ -97,20 +103,24 @@ class TurnStream:
         self._seen.add(mark)
         return True
 
-    async def _frames(self) -> AsyncIterator[Event]:
+    async def _frames(self) -> AsyncGenerator[Event, None]:
+        # Each inner generator is closed with this one (aclosing), so a reader that stops
+        # early leaves no read pending.
         if self.origin is not SubmitOrigin.NEW:
-            async for frame in self._logged():
-                yield frame
-                if is_terminal(frame):
-                    return
+            async with contextlib.aclosing(self._logged()) as logged:
+                async for frame in logged:
+                    yield frame
+                    if is_terminal(frame):
+                        return
         if self.origin is SubmitOrigin.CACHED:
             await self._live.aclose()
             yield self._made_terminal()
             return
-        async for frame in self._followed():
-            yield frame
+        async with contextlib.aclosing(self._followed()) as followed:
+            async for frame in followed:
+                yield frame
 
-    async def _logged(self) -> AsyncIterator[Event]:
+    async def _logged(self) -> AsyncGenerator[Event, None]:
         """The turn's frames the event log holds, not yielded before (a whole read of the log:
         only an attached or cached turn, or a terminal frame overdue, needs it)."""
         turn_id = self._disposition.turn_id
@@ -124,7 +134,7 @@ class TurnStream:
                 return
             cursor = page[-1].event_id
 
-    async def _followed(self) -> AsyncIterator[Event]:
+    async def _followed(self) -> AsyncGenerator[Event, None]:
         """Live frames of the turn until its terminal one; once its answer is known, only for
         `TERMINAL_GRACE` more, then from the log, else one made from the answer."""
         turn_id = self._disposition.turn_id

@@ -37,27 +37,54 @@ def gap_frame(cursor: str, oldest_id: str | None) -> bytes:
     return named_frame("gap", {"cursor": cursor, "oldest_id": oldest_id})
 
 
+#: Chunks a stream's reader may hold for a slow client before it waits (then the node's
+#: subscriber queue takes the overflow, by its own drop policy).
+READ_AHEAD = 4096
+_END = b""
+
+
 async def with_heartbeats(frames: AsyncIterator[bytes], every: float) -> AsyncIterator[bytes]:
-    """`frames`, with a comment line whenever nothing was sent for `every` seconds, so idle
-    proxies and browsers keep the connection; the first chunk sets the reconnect delay."""
-    yield f"retry: {RECONNECT_MS}\n\n".encode()
-    pending: asyncio.Future[bytes] = asyncio.ensure_future(anext(frames))
+    """`frames`, read ahead by a reader task and written in batches: whatever the reader holds
+    goes out as one chunk, so a burst costs one write, not one per frame, and the node's
+    subscriber queue is drained as fast as frames come. A comment line goes out whenever
+    nothing was sent for `every` seconds (idle proxies and browsers keep the connection); the
+    first chunk sets the reconnect delay."""
+    queue: asyncio.Queue[bytes] = asyncio.Queue(READ_AHEAD)
+    failure: list[BaseException] = []
+
+    async def read() -> None:
+        try:
+            async for chunk in frames:
+                if chunk:
+                    await queue.put(chunk)
+        except Exception as exc:
+            failure.append(exc)
+        finally:
+            await queue.put(_END)
+
+    reader = asyncio.ensure_future(read())
     try:
+        yield f"retry: {RECONNECT_MS}\n\n".encode()
         while True:
-            done, _ = await asyncio.wait({pending}, timeout=every)
-            if not done:
+            try:
+                async with asyncio.timeout(every):
+                    first = await queue.get()
+            except TimeoutError:
                 yield b": keep-alive\n\n"
                 continue
-            try:
-                chunk = pending.result()
-            except StopAsyncIteration:
+            batch = [first]
+            while batch[-1] is not _END and not queue.empty():
+                batch.append(queue.get_nowait())
+            ended = batch[-1] is _END
+            if len(batch) > (1 if ended else 0):
+                yield b"".join(batch)
+            if ended:
+                if failure:
+                    raise failure[0]
                 return
-            yield chunk
-            pending = asyncio.ensure_future(anext(frames))
     finally:
-        if not pending.done():
-            pending.cancel()
-            await asyncio.wait({pending})
+        reader.cancel()
+        await asyncio.wait({reader})
         aclose = getattr(frames, "aclose", None)
         if aclose is not None:
             await aclose()

@@ -75,3 +75,20 @@ async def test_a_client_leaving_mid_turn_does_not_interrupt_it(live_server: str)
         done = await client.get(f"/v1/sessions/s1/turns/{turn_id}", params={"wait": 30})
     assert done.json()["state"] == "completed"
     assert done.json()["result"]["text"] == STORY
+
+
+async def test_a_burst_of_frames_reaches_the_client_whole(live_server: str) -> None:
+    words = [f"w{i}" for i in range(3000)]
+    async with (
+        httpx.AsyncClient(base_url=live_server, timeout=60) as client,
+        client.stream(
+            "POST",
+            "/v1/sessions/s1/turns",
+            json=turn("x", story=" ".join(words), delay=0),
+            headers=SSE,
+        ) as stream,
+    ):
+        got = await _until_terminal(stream)
+    texts = [f.data["text"].strip() for f in got if f.event == "text_delta"]
+    assert texts == words
+    assert got[-1].event == "turn_completed"
