@@ -64,19 +64,19 @@ _LAUNCHER = (
     "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
 )
 
-#: Every process started by this module that has not been reaped yet (pid -> Popen).
-_LIVE: dict[int, subprocess.Popen[bytes]] = {}
+#: Every test process (node, serve, haproxy) not reaped yet (pid -> Popen); SIGKILLed at exit.
+LIVE_PROCESSES: dict[int, subprocess.Popen[bytes]] = {}
 
 
 @atexit.register
 def _reap_leftovers() -> None:
-    for pid, process in list(_LIVE.items()):
+    for pid, process in list(LIVE_PROCESSES.items()):
         if process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(Exception):
                 process.wait(timeout=5)
-        _LIVE.pop(pid, None)
+        LIVE_PROCESSES.pop(pid, None)
 
 
 class NodeProcess:
@@ -177,7 +177,7 @@ class NodeProcess:
             process = subprocess.Popen(
                 args, stdout=subprocess.PIPE, stderr=stderr, env=env, cwd=REPO_ROOT
             )
-        _LIVE[process.pid] = process
+        LIVE_PROCESSES[process.pid] = process
         return process
 
     def _signal(self, signum: int) -> None:
@@ -227,7 +227,7 @@ class NodeProcess:
             await asyncio.wait_for(asyncio.to_thread(process.wait), within)
         except TimeoutError:
             return False
-        _LIVE.pop(process.pid, None)
+        LIVE_PROCESSES.pop(process.pid, None)
         if process.stdout is not None:
             process.stdout.close()
         return True

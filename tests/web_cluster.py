@@ -7,7 +7,6 @@ robin with no stickiness, all on loopback; every process is stopped by its pid.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
@@ -25,10 +24,8 @@ import pytest
 
 from stickless.local_services import free_port
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-#: Bound of one process's start (imports, Redis, READY line) and of its stop.
-START_TIMEOUT = 30.0
-STOP_TIMEOUT = 10.0
+from .mp_cluster import LIVE_PROCESSES, REPO_ROOT, START_TIMEOUT, STOP_TIMEOUT
+
 #: Router timings of the web nodes: short, so a killed holder is found quickly.
 WEB_CONFIG: dict[str, Any] = {
     "lease_ttl": 2.0,
@@ -39,20 +36,6 @@ WEB_CONFIG: dict[str, Any] = {
     "interrupt_grace": 1.0,
     "release_interrupt_timeout": 2.0,
 }
-
-_LIVE: dict[int, subprocess.Popen[bytes]] = {}
-
-
-@atexit.register
-def _reap_leftovers() -> None:
-    for pid, process in list(_LIVE.items()):
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(Exception):
-                process.wait(timeout=5)
-        _LIVE.pop(pid, None)
-
 
 def _require(name: str) -> str:
     found = shutil.which(name, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
@@ -78,7 +61,7 @@ def _spawn(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
         process = subprocess.Popen(
             args, stdout=subprocess.PIPE, stderr=log, env=env, cwd=REPO_ROOT
         )
-    _LIVE[process.pid] = process
+    LIVE_PROCESSES[process.pid] = process
     return process
 
 
@@ -91,7 +74,7 @@ def _stop(process: subprocess.Popen[bytes], signum: int = signal.SIGTERM) -> Non
         except subprocess.TimeoutExpired:
             os.kill(process.pid, signal.SIGKILL)
             process.wait(timeout=STOP_TIMEOUT)
-    _LIVE.pop(process.pid, None)
+    LIVE_PROCESSES.pop(process.pid, None)
     if process.stdout is not None:
         process.stdout.close()
 
@@ -210,7 +193,7 @@ backend nodes
         args = [haproxy_executable(), "-db", "-f", str(self.config_path)]
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(args, stdout=log, stderr=log, cwd=REPO_ROOT)
-        _LIVE[self.process.pid] = self.process
+        LIVE_PROCESSES[self.process.pid] = self.process
         self.wait_serving(len(self.nodes))
 
     def wait_serving(self, nodes: int) -> None:

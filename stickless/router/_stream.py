@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 from .._errors import EventCursorError, InvalidRequestError
 from .._events import Event, is_terminal
@@ -19,6 +19,25 @@ log = logging.getLogger(__name__)
 #: (read as "<ms>-0"), each part an unsigned 64-bit decimal, ASCII digits only.
 _EVENT_ID = re.compile(r"([0-9]{1,20})(?:-([0-9]{1,20}))?")
 _U64_MAX = 2**64 - 1
+
+
+async def logged_frames(
+    log: EventLog, session_id: str, after: str | None
+) -> AsyncGenerator[Event, None]:
+    """The session's logged frames after the event id `after` (from the oldest when None), read
+    page by page.
+
+    Raises:
+        the errors of `EventLog.read` (a trimmed, ahead or malformed cursor; the store).
+    """
+    cursor = after
+    while True:
+        page = await log.read(session_id, cursor, _REPLAY_PAGE)
+        for frame in page:
+            yield frame
+        if len(page) < _REPLAY_PAGE or page[-1].event_id is None:
+            return
+        cursor = page[-1].event_id
 
 
 def check_cursor(after: object) -> None:
@@ -100,7 +119,7 @@ class EventStream:
         seen = _Recent(2 * self._sub.capacity + _REPLAY_PAGE)
         cursor = self._after
         if cursor is not None:
-            async for frame in self._logged(cursor):
+            async for frame in logged_frames(self._log, self._sub.session_id, cursor):
                 seen.add(frame)
                 if turn_filter is not None and frame.turn_id != turn_filter:
                     continue
@@ -122,21 +141,13 @@ class EventStream:
             if seen.add(frame):
                 yield frame
 
-    async def _logged(self, cursor: str) -> AsyncIterator[Event]:
-        """The log's frames after `cursor`, page by page."""
-        while True:
-            page = await self._log.read(self._sub.session_id, cursor, _REPLAY_PAGE)
-            for frame in page:
-                yield frame
-            if len(page) < _REPLAY_PAGE or page[-1].event_id is None:
-                return
-            cursor = page[-1].event_id
-
     async def _lost_frames(self, lost_from: str) -> AsyncIterator[Event]:
         """The log's frames from the event id `lost_from` on; none when the log no longer
         holds them (then they are lost: the reader was slower than the log's bound)."""
         try:
-            async for frame in self._logged(_just_before(lost_from)):
+            async for frame in logged_frames(
+                self._log, self._sub.session_id, _just_before(lost_from)
+            ):
                 yield frame
         except (EventCursorError, InvalidRequestError) as exc:
             log.warning("frames of %s lost by a slow reader: %s", self._sub.session_id, exc)

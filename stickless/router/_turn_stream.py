@@ -13,14 +13,13 @@ from .._errors import TurnFailedError
 from .._events import LATE_TERMINAL_SEQ, Event, TurnCompleted, TurnFailed, is_terminal
 from ..backends.base import EventLog
 from ._api import SubmitDisposition, SubmitOrigin
-from ._stream import EventStream
+from ._stream import EventStream, logged_frames
 
 #: Seconds the stream still waits for the turn's terminal frame once its answer is known (the
 #: answer usually comes first: the frame follows through the relay). Past it, the log is read
 #: once more and, without a terminal frame there either (a turn answered without running, such
 #: as FORWARD_TIMEOUT), one is made from the answer.
 TERMINAL_GRACE = 1.0
-_PAGE = 500
 
 
 class TurnStream:
@@ -124,15 +123,11 @@ class TurnStream:
         """The turn's frames the event log holds, not yielded before (a whole read of the log:
         only an attached or cached turn, or a terminal frame overdue, needs it)."""
         turn_id = self._disposition.turn_id
-        cursor = self._after
-        while True:
-            page = await self._log.read(self._disposition.session_id, cursor, _PAGE)
-            for frame in page:
+        frames = logged_frames(self._log, self._disposition.session_id, self._after)
+        async with contextlib.aclosing(frames):
+            async for frame in frames:
                 if frame.turn_id == turn_id and self._first_time(frame):
                     yield frame
-            if len(page) < _PAGE or page[-1].event_id is None:
-                return
-            cursor = page[-1].event_id
 
     async def _followed(self) -> AsyncGenerator[Event, None]:
         """Live frames of the turn until its terminal one; once its answer is known, only for

@@ -19,7 +19,7 @@ from .._events import Event
 from .._types import Principal, SubmitRequest, TurnResult, field_errors, is_session_id
 from ..router import SessionRouter, SubmitOrigin, TurnState
 from ..router._background import io
-from ..router._stream import check_cursor
+from ..router._stream import check_cursor, logged_frames
 from ._auth import ANONYMOUS, Action, Authenticator, Authorizer, OwnerOnly
 from ._errors import HttpError, MappedErrorsRoute
 from ._models import InterruptBody, Interrupted, Transcript, TurnAccepted, TurnBody, TurnView
@@ -27,7 +27,6 @@ from ._sse import event_frame, gap_frame, named_frame, sse_response
 
 #: Longest `?wait=` a turn lookup honours (seconds).
 MAX_WAIT = 300.0
-_PAGE = 500
 _FINISHED = (TurnState.COMPLETED, TurnState.FAILED)
 
 
@@ -120,14 +119,9 @@ class Gateway:
 
     async def has_turn_frames(self, session_id: str, turn_id: str, cursor: str) -> bool:
         """Whether the log holds frames of the turn past `cursor`."""
-        after: str | None = cursor
-        while True:
-            page = await io(self.router.backends.events.read(session_id, after, _PAGE))
-            if any(frame.turn_id == turn_id for frame in page):
-                return True
-            if len(page) < _PAGE or page[-1].event_id is None:
-                return False
-            after = page[-1].event_id
+        frames = logged_frames(self.router.backends.events, session_id, cursor)
+        async with contextlib.aclosing(frames):
+            return await io(_any_of_turn(frames, turn_id))
 
     async def read_body(self, request: Request) -> bytes:
         """The request body, refused (413) past `max_input_bytes` without reading it all."""
@@ -143,6 +137,13 @@ class Gateway:
                 raise _too_large(limit)
             chunks.append(chunk)
         return b"".join(chunks)
+
+
+async def _any_of_turn(frames: AsyncIterator[Event], turn_id: str) -> bool:
+    async for frame in frames:
+        if frame.turn_id == turn_id:
+            return True
+    return False
 
 
 def _check_session_id(session_id: str) -> None:
