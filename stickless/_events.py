@@ -16,6 +16,7 @@ from pydantic import (
 )
 
 from ._errors import FailureCode
+from ._trace import TraceContext
 from ._types import PrimitiveMap, WireStr
 
 
@@ -29,6 +30,10 @@ class _Frame(BaseModel):
     attempt: StrictInt = 1
     seq: int = 0
     event_id: StrictStr | None = None
+    #: The W3C trace and span of the turn ('' for a frame no trace reached): a subscriber on
+    #: any node can join its logs and spans to the request that started the turn.
+    trace_id: StrictStr = ""
+    span_id: StrictStr = ""
 
 
 class _TerminalFrame(_Frame):
@@ -139,6 +144,30 @@ def unfinished_frame(code: FailureCode, reason: str, **fields: object) -> Interr
     if code is FailureCode.INTERRUPTED:
         return Interrupted.model_validate({"reason": reason, **fields})
     return TurnFailed.model_validate({"code": code, "message": reason, **fields})
+
+
+def trace_fields(trace: TraceContext | None) -> dict[str, str]:
+    """The frame fields that name `trace` (none for no trace)."""
+    if trace is None:
+        return {}
+    return {"trace_id": trace.trace_id, "span_id": trace.span_id}
+
+
+def frame_trace(frame: Event) -> TraceContext | None:
+    """The trace and span a frame names (None: none, or ids that are not valid)."""
+    if not frame.trace_id:
+        return None
+    try:
+        return TraceContext(trace_id=frame.trace_id, span_id=frame.span_id)
+    except ValueError:
+        return None
+
+
+def traced(frame: Event, trace: TraceContext | None) -> Event:
+    """The frame naming `trace`, unless it names one already (or there is none)."""
+    if trace is None or frame.trace_id:
+        return frame
+    return frame.model_copy(update=trace_fields(trace))
 
 
 def is_terminal(event: Event) -> bool:

@@ -26,6 +26,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from ._errors import InvalidRequestError
+from ._trace import TraceContext, coerce_trace
 
 # --------------------------------------------------------------------------- wire rules
 #
@@ -329,11 +330,20 @@ class SubmitRequest(BaseModel):
     #: float).
     priority: Priority = Priority.NEXT
     initiator: Principal | None = None
+    #: The caller's trace context (a TraceContext, its fields, or a W3C `traceparent` string):
+    #: the turn's spans and frames join that trace. Not part of what makes two submits the
+    #: same request.
+    trace: TraceContext | None = None
 
     @field_validator("input", mode="before")
     @classmethod
     def _text_input(cls, value: Any) -> Any:
         return _coerce_input(value)
+
+    @field_validator("trace", mode="before")
+    @classmethod
+    def _traceparent(cls, value: Any) -> Any:
+        return coerce_trace(value)
 
     @field_validator("session_id")
     @classmethod

@@ -38,9 +38,11 @@ class LocalCluster:
         backends: Backends | None = None,
         node_backends: NodeBackendsFactory | None = None,
         metrics: SessionMetrics | None = None,
+        tracer_provider: Any | None = None,
         **config_overrides: Any,
     ) -> None:
         self._initial = nodes
+        self._tracer_provider = tracer_provider
         self._opener = opener
         self._factory = session_factory
         self._metrics = metrics
@@ -108,6 +110,7 @@ class LocalCluster:
             session_factory=self._factory,
             backends=link,
             metrics=self._metrics,
+            tracer_provider=self._tracer_provider,
         )
         await router.start()
         self._links[node_id] = link

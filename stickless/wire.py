@@ -119,6 +119,9 @@ class Envelope(BaseModel):
     #: handle with them when this message is the one that opens it.
     options: PrimitiveMap = Field(default_factory=dict)
     open_attributes: AttributeMap = Field(default_factory=dict)
+    #: The W3C traceparent of the span that sent the message ('' for none); read leniently, so
+    #: a malformed one costs the trace, never the message.
+    traceparent: StrictStr = ""
 
     def encode(self) -> bytes:
         return pack(self.model_dump(mode="python"))
@@ -262,6 +265,11 @@ class Outcome(BaseModel):
     @property
     def failure_code(self) -> FailureCode:
         return FailureCode.parse(self.code)
+
+    @property
+    def result(self) -> str:
+        """What the turn came to, as a label: 'completed' or its failure code's name."""
+        return "completed" if self.ok else self.failure_code.name
 
     @property
     def final(self) -> bool:

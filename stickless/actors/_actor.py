@@ -464,17 +464,19 @@ class SessionActor:
 
     async def _run(self, work: TurnWork, handle: LiveSession) -> None:
         host = self._host
+        work.attempt = max(work.attempt, 1)
+        span = host.tracing.start("stickless.turn", work.trace, work.span_attributes(host.node_id))
         relay = EventRelay(
             self.session_id,
             work.turn_id,
             host.deliver_frames,
             host.config.relay_queue_size,
             after=self._last_relay,
-            attempt=max(work.attempt, 1),
+            attempt=work.attempt,
+            trace=span.context,
         )
         self._last_relay = relay
         relay.on_flushed(self._report_drops)
-        work.attempt = max(work.attempt, 1)
         context = TurnContext(
             session_id=self.session_id,
             turn_id=work.turn_id,
@@ -502,14 +504,17 @@ class SessionActor:
             task.cancel()
             relay.abort()
             self.running = None
+            span.end({"stickless.result": "aborted"})
             raise
         running.concluded = True
         if await self._retry(running, task):
+            span.end({"stickless.result": "retrying"})
             return
         running.bury = exhausted(self._host, running, task)
         outcome, terminal, commit, lease_lost = await conclude(
             self._host, running, task, self.lease
         )
+        span.end({"stickless.result": outcome.result})
         if lease_lost:
             self.lose_lease()
         self.running = None

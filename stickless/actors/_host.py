@@ -12,6 +12,7 @@ from .._config import RouterConfig
 from .._errors import FailureCode
 from .._events import Event
 from .._session import LiveSession
+from .._trace import Tracing
 from ..backends.base import Backends, StagedCommit, UnreadableEntry
 from ..wire import Outcome
 from ._relay import LastFrames
@@ -65,6 +66,9 @@ class ActorHost(Protocol):
 
     @property
     def backends(self) -> Backends: ...
+
+    @property
+    def tracing(self) -> Tracing: ...
 
     async def open_handle(
         self, session_id: str, agent_ref: str, attributes: Mapping[str, Any]

@@ -13,7 +13,8 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from .._events import Event, drop_rank, is_terminal
+from .._events import Event, drop_rank, is_terminal, trace_fields
+from .._trace import TraceContext
 from ..backends.base import TurnFrames
 
 log = logging.getLogger("stickless.relay")
@@ -80,10 +81,12 @@ class EventRelay:
         capacity: int,
         after: EventRelay | None = None,
         attempt: int = 1,
+        trace: TraceContext | None = None,
     ) -> None:
         self.session_id = session_id
         self.turn_id = turn_id
         self.attempt = attempt
+        self._trace = trace_fields(trace)
         self._sink = sink
         self._after = after
         self._queue = RankedQueue(capacity)
@@ -126,6 +129,7 @@ class EventRelay:
             "turn_id": self.turn_id,
             "attempt": self.attempt,
             "seq": seq,
+            **self._trace,
         }
         return frame.model_copy(update=update)
 

@@ -6,6 +6,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._trace import TraceContext
 from .._types import PrimitiveMap, Principal, Priority, SubmitRequest, UserInput
 from ..wire import Envelope
 
@@ -56,6 +57,8 @@ class TurnWork:
     attempt: int = 0
     #: Why the turn is cancelled before it starts (an interrupt that came before it), if it is.
     cancelled: str | None = None
+    #: The span the turn's span is a child of: its submit's (None: no trace reached it).
+    trace: TraceContext | None = None
     order: int = field(default_factory=lambda: next(_order))
 
     @classmethod
@@ -74,6 +77,7 @@ class TurnWork:
             open_attributes=dict(req.open_attributes),
             origin=origin,
             owned=True,
+            trace=req.trace,
         )
 
     @classmethod
@@ -93,6 +97,7 @@ class TurnWork:
             origin=env.origin,
             enqueued_at=env.enqueued_at,
             pending=pending,
+            trace=TraceContext.lenient(env.traceparent),
         )
 
     def to_envelope(self) -> Envelope:
@@ -110,7 +115,17 @@ class TurnWork:
             enqueued_at=self.enqueued_at,
             options=self.options,
             open_attributes=self.open_attributes,
+            traceparent=self.trace.traceparent if self.trace is not None else "",
         )
+
+    def span_attributes(self, node_id: str) -> dict[str, str | int | bool]:
+        """What a span of this work names: its session, turn, attempt and the node."""
+        return {
+            "stickless.session_id": self.session_id,
+            "stickless.turn_id": self.turn_id,
+            "stickless.attempt": self.attempt,
+            "stickless.node_id": node_id,
+        }
 
     @property
     def sort_key(self) -> tuple[int, int]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict
 
 from .._errors import FailureCode
+from .._trace import TraceContext
 from .._types import TurnResult
 
 
@@ -45,6 +46,8 @@ class SubmitDisposition:
     #: True when the request follows an earlier turn with the same idempotency key that is
     #: still running (`turn_id` is that turn's); False for a new turn or a cached answer.
     attached: bool = False
+    #: The submit's span: the turn's trace (its frames name `trace.trace_id`).
+    trace: TraceContext | None = None
 
     @property
     def origin(self) -> SubmitOrigin:

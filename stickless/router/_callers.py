@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import FailureCode, RouterClosedError, TurnFailedError
+from .._trace import TraceContext
 from .._types import TurnResult
 from ..backends.base import Reservation
 from ..wire import Outcome
@@ -23,6 +24,8 @@ class Forward:
     deadline: float
     #: Token of the lease the turn runs under; only an EVICT of that lease or a later one fails it.
     token: int
+    #: The span its frames name when this node ends it unrun (None: no trace reached it).
+    trace: TraceContext | None = None
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
 
 

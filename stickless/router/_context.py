@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .._config import RouterConfig
 from .._metrics import SafeMetrics
+from .._trace import Tracing
 from ..backends.base import Backends
 from ._background import Background
 from ._callers import CallerTable
@@ -26,6 +27,8 @@ class NodeContext:
     #: The callers waiting on this node, and the status board: node-wide tables without I/O.
     callers: CallerTable
     board: StatusBoard
+    #: Starts the spans of submits, forwards and turns (see stickless/_trace.py).
+    tracing: Tracing = field(default_factory=Tracing)
 
 
 class RouterPart:
@@ -38,5 +41,6 @@ class RouterPart:
         self._renewer = ctx.renewer
         self._bg = ctx.background
         self._metrics = ctx.metrics
+        self._tracing = ctx.tracing
         self._callers = ctx.callers
         self._board = ctx.board

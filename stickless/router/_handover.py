@@ -112,12 +112,14 @@ class Handover(SessionPart):
             if handed is not None:  # queued anew, or withdrawn: this copy is done with
                 await self._outcomes.ack(work.session_id, work.pending)
             if isinstance(handed, Outcome):  # withdrawn: it never runs
-                await self._outcomes.announce_unrun(work.session_id, work.key, handed)
+                await self._outcomes.announce_unrun(work.session_id, work.key, handed, work.trace)
                 continue
             requeued += 1
             if self._callers.waiting(work.turn_id):
                 self._callers.track(
-                    Forward(work.session_id, work.key, work.turn_id, self._deadline(), token)
+                    Forward(
+                        work.session_id, work.key, work.turn_id, self._deadline(), token, work.trace
+                    )
                 )
         return requeued
 

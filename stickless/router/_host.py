@@ -9,6 +9,7 @@ from .._config import RouterConfig
 from .._errors import BackendUnavailableError
 from .._events import Event
 from .._session import LiveSession, LiveSessionOpener
+from .._trace import Tracing
 from ..actors import LastFrames, Later, SessionActor, TurnWork
 from ..backends.base import Backends, StagedCommit, UnreadableEntry
 from ..wire import Outcome
@@ -53,6 +54,10 @@ class NodeActorHost(RouterPart):
     @property
     def backends(self) -> Backends:
         return self._backends
+
+    @property
+    def tracing(self) -> Tracing:
+        return self._tracing
 
     async def open_handle(
         self, session_id: str, agent_ref: str, attributes: Mapping[str, Any]

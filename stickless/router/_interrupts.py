@@ -7,7 +7,7 @@ import asyncio
 import uuid
 
 from .._errors import FailureCode, InvalidRequestError
-from .._events import Interrupted
+from .._events import Interrupted, traced
 from ..wire import InterruptAckPayload, InterruptPayload, Outcome, Signal, SignalKind
 from ._background import io, quiet
 from ._session_part import SessionPart
@@ -101,7 +101,7 @@ class Interrupts(SessionPart):
         frame = Interrupted(
             session_id=session_id, turn_id=turn_id, seq=1, reason=reason, executed_by=self._node_id
         )
-        await self._control.deliver_frames(session_id, [frame])
+        await self._control.deliver_frames(session_id, [traced(frame, forward.trace)])
         await self._outcomes.announce(session_id, forward.key, cancelled)
         return True
 

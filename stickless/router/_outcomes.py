@@ -10,7 +10,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from .._errors import BackendUnavailableError, FailureCode
-from .._events import LATE_TERMINAL_SEQ, Event, TurnFailed
+from .._events import LATE_TERMINAL_SEQ, Event, TurnFailed, traced
+from .._trace import TraceContext
 from ..actors import LastFrames, Later, PendingEntry, TurnWork
 from ..backends.base import (
     AttemptRecord,
@@ -58,9 +59,12 @@ class TurnOutcomes(RouterPart):
         super().__init__(ctx)
         self._control = control
 
-    async def announce_unrun(self, session_id: str, key: str, failure: Outcome) -> None:
+    async def announce_unrun(
+        self, session_id: str, key: str, failure: Outcome, trace: TraceContext | None
+    ) -> None:
         """Announce the recorded answer of a turn withdrawn before it ran, its frame first."""
-        await self._control.deliver_frames(session_id, [failure.unrun_frame(session_id)])
+        frame = traced(failure.unrun_frame(session_id), trace)
+        await self._control.deliver_frames(session_id, [frame])
         await self.announce(session_id, key, failure)
 
     async def announce(self, session_id: str, key: str, outcome: Outcome) -> None:
@@ -135,7 +139,7 @@ class TurnOutcomes(RouterPart):
             elif last is not None:
                 await last.send(terminal=True)
             if frame is not None:
-                await self._control.deliver_frames(work.session_id, [frame])
+                await self._control.deliver_frames(work.session_id, [traced(frame, work.trace)])
             if result is None:
                 await self.announce(work.session_id, work.key, outcome)
             else:  # the rail had it from the store

@@ -18,6 +18,7 @@ from .._config import DeploymentMode, RouterConfig
 from .._errors import BackendUnavailableError, RouterClosedError
 from .._metrics import NOOP_METRICS, SafeMetrics, SessionMetrics
 from .._session import FactoryOpener, LiveSession, LiveSessionOpener
+from .._trace import Tracing
 from .._types import CommittedEntry, SubmitRequest, TurnResult
 from ..actors import SessionActor, StopReason
 from ..backends.base import HOLDER_INDEX_TTL, Backends, Lease
@@ -57,6 +58,7 @@ class SessionRouter:
         opener: LiveSessionOpener,
         backends: Backends,
         metrics: SessionMetrics,
+        tracer_provider: Any | None = None,
     ) -> None:
         node_id = config.effective_node_id
         self._config = config
@@ -86,6 +88,7 @@ class SessionRouter:
             SafeMetrics(metrics),
             self._callers,
             self._board,
+            Tracing(tracer_provider),
         )
         self._control = ControlChannel(ctx)
         self._sessions = LocalSessions(ctx, new_actor=self._new_actor, on_claimed=self._enforce_lru)
@@ -118,8 +121,10 @@ class SessionRouter:
         session_factory: Callable[[str, str], Any] | None = None,
         backends: Backends | None = None,
         metrics: SessionMetrics | None = None,
+        tracer_provider: Any | None = None,
     ) -> SessionRouter:
-        """Assemble a router.
+        """Assemble a router; `tracer_provider` is an OpenTelemetry TracerProvider (default: the
+        global one) for the spans of its submits, forwards and turns.
 
         Raises:
             ValueError: not exactly one of `opener` / `session_factory`, or DISTRIBUTED mode
@@ -143,7 +148,7 @@ class SessionRouter:
             raise ValueError(
                 "DISTRIBUTED mode refuses in-process backends: they would split the brain"
             )
-        return cls(config, opener, backends, metrics or NOOP_METRICS)
+        return cls(config, opener, backends, metrics or NOOP_METRICS, tracer_provider)
 
     def _new_actor(self, session_id: str, lease: Lease, agent_ref: str | None) -> SessionActor:
         return SessionActor(self._host, session_id, lease, agent_ref)

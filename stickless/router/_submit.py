@@ -7,6 +7,7 @@ import asyncio
 import enum
 import uuid
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -18,6 +19,7 @@ from .._errors import (
     IdempotencyConflictError,
     InvalidRequestError,
 )
+from .._trace import TraceContext
 from .._types import SubmitRequest, TurnResult, invalid_request
 from ..actors import SessionActor, TurnWork
 from ..backends.base import (
@@ -77,6 +79,18 @@ def classify(
     return Verdict.ATTACH
 
 
+def answer_attributes(answer: asyncio.Future[TurnResult]) -> dict[str, str | int | bool]:
+    """How a forwarded turn's answer ended, for its forward span."""
+    if answer.cancelled():
+        return {"stickless.result": "cancelled"}
+    error = answer.exception()
+    if error is None:
+        return {"stickless.result": "completed"}
+    code = getattr(error, "code", None)
+    name = code.name if isinstance(code, FailureCode) else type(error).__name__
+    return {"stickless.result": name}
+
+
 class Submitter(SessionPart):
     """Turns a request into a running (or followed, or answered) turn."""
 
@@ -108,14 +122,32 @@ class Submitter(SessionPart):
         """Run one turn for a validated request (the public contract is SessionRouter.submit)."""
         turn_id = uuid.uuid4().hex
         future = self._callers.add(turn_id, req.session_id)  # before any I/O
+        attributes = {
+            "stickless.session_id": req.session_id,
+            "stickless.turn_id": turn_id,
+            "stickless.node_id": self._node_id,
+        }
+        span = self._tracing.start("stickless.submit", req.trace, attributes, ambient=True)
         try:
-            return await self._submit(req, turn_id, future)
-        except BaseException:
+            disposition = await self._submit(req, turn_id, future, span.context)
+        except BaseException as exc:
             self._callers.remove(turn_id, future)
+            span.end({"stickless.refused": type(exc).__name__})
             raise
+        span.end({"stickless.submit_kind": disposition.kind.value})
+        if disposition.kind is SubmitKind.FORWARDED and not disposition.result.done():
+            # The wait for the holder's answer, as this node sees it.
+            attributes["stickless.turn_id"] = disposition.turn_id
+            forward = self._tracing.start("stickless.forward", span.context, attributes)
+            disposition.result.add_done_callback(lambda done: forward.end(answer_attributes(done)))
+        return replace(disposition, trace=span.context)
 
     async def _submit(
-        self, req: SubmitRequest, turn_id: str, future: asyncio.Future[TurnResult]
+        self,
+        req: SubmitRequest,
+        turn_id: str,
+        future: asyncio.Future[TurnResult],
+        trace: TraceContext,
     ) -> SubmitDisposition:
         session_id = req.session_id
         key = reservation_key(req, turn_id)
@@ -124,6 +156,7 @@ class Submitter(SessionPart):
         await io(self._renewer.ensure_alive(self._backends))
         epoch = self._renewer.epoch
         work = TurnWork.from_request(req, turn_id, key, self._node_id)
+        work.trace = trace
         # Not held here: if another live node holds the session, the same call queues the
         # message for it and rings its doorbell (the one store call of a forwarded submit).
         forward = None
@@ -215,7 +248,14 @@ class Submitter(SessionPart):
     ) -> SubmitDisposition:
         """Follow a turn its holder took although this node never heard its reserve answered."""
         self._callers.track(
-            Forward(work.session_id, work.key, work.turn_id, self._deadline(), _UNKNOWN_TOKEN)
+            Forward(
+                work.session_id,
+                work.key,
+                work.turn_id,
+                self._deadline(),
+                _UNKNOWN_TOKEN,
+                work.trace,
+            )
         )
         return self._disposition(SubmitKind.FORWARDED, work.session_id, work.turn_id, future)
 
@@ -362,7 +402,7 @@ class Submitter(SessionPart):
             raise BackendUnavailableError(f"the turn's delivery failed: {handed.message}")
         message_id = handed
         self._callers.track(
-            Forward(work.session_id, work.key, work.turn_id, self._deadline(), token)
+            Forward(work.session_id, work.key, work.turn_id, self._deadline(), token, work.trace)
         )
         await self._control.ring_doorbell(work.session_id, held_by)
         return self._disposition(
@@ -374,7 +414,14 @@ class Submitter(SessionPart):
     ) -> SubmitDisposition:
         """The reserve queued the message for the holder and rang its doorbell: follow it."""
         self._callers.track(
-            Forward(work.session_id, work.key, work.turn_id, self._deadline(), forwarded.token)
+            Forward(
+                work.session_id,
+                work.key,
+                work.turn_id,
+                self._deadline(),
+                forwarded.token,
+                work.trace,
+            )
         )
         return self._disposition(
             SubmitKind.FORWARDED, work.session_id, work.turn_id, future, forwarded.message_id

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterable
 
 from .._errors import FailureCode, SticklessError
+from .._events import traced
 from ..actors import SessionActor, StopReason
 from ..wire import Outcome
 from ._background import io, log, quiet
@@ -143,7 +144,7 @@ class Sweeps(SessionPart):
                 )
             )
             if won:  # it never runs: its stream ends here
-                frame = withdrawn.unrun_frame(forward.session_id)
+                frame = traced(withdrawn.unrun_frame(forward.session_id), forward.trace)
                 await self._control.deliver_frames(forward.session_id, [frame])
                 return withdrawn
             if won is not None:

@@ -10,7 +10,16 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from .._errors import TurnFailedError
-from .._events import LATE_TERMINAL_SEQ, Event, TurnCompleted, TurnFailed, is_terminal
+from .._events import (
+    LATE_TERMINAL_SEQ,
+    Event,
+    TurnCompleted,
+    TurnFailed,
+    frame_trace,
+    is_terminal,
+    traced,
+)
+from .._trace import TraceContext
 from ..backends.base import EventLog
 from ._api import SubmitDisposition, SubmitOrigin
 from ._stream import EventStream, logged_frames
@@ -49,6 +58,8 @@ class TurnStream:
         self._seen: set[tuple[int, int]] = set()
         self._iterator: AsyncGenerator[Event, None] | None = None
         self._closed = False
+        #: The turn's span as its frames name it: a terminal frame made here names it too.
+        self._trace: TraceContext | None = None
 
     @property
     def disposition(self) -> SubmitDisposition:
@@ -66,10 +77,13 @@ class TurnStream:
         if self._iterator is None:
             self._iterator = self._frames()
         try:
-            return await self._iterator.__anext__()
+            frame = await self._iterator.__anext__()
         except StopAsyncIteration:
             await self.aclose()
             raise
+        if self._trace is None and frame.trace_id:
+            self._trace = frame_trace(frame)
+        return frame
 
     async def aclose(self) -> None:
         """Stop the stream and its live subscription (the turn itself goes on)."""
@@ -180,7 +194,7 @@ class TurnStream:
         try:
             result = disposition.result.result()
         except TurnFailedError as failed:
-            return TurnFailed(
+            frame: Event = TurnFailed(
                 session_id=disposition.session_id,
                 turn_id=disposition.turn_id,
                 seq=LATE_TERMINAL_SEQ,
@@ -188,11 +202,13 @@ class TurnStream:
                 message=failed.detail,
                 executed_by=failed.executed_by,
             )
-        return TurnCompleted(
-            session_id=disposition.session_id,
-            turn_id=disposition.turn_id,
-            seq=LATE_TERMINAL_SEQ,
-            text=result.text,
-            data=result.data,
-            executed_by=result.executed_by,
-        )
+        else:
+            frame = TurnCompleted(
+                session_id=disposition.session_id,
+                turn_id=disposition.turn_id,
+                seq=LATE_TERMINAL_SEQ,
+                text=result.text,
+                data=result.data,
+                executed_by=result.executed_by,
+            )
+        return traced(frame, self._trace or disposition.trace)

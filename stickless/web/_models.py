@@ -36,6 +36,8 @@ class TurnAccepted(BaseModel):
     session_id: str
     status: Literal["queued", "running", "completed", "failed"]
     origin: Literal["new", "attached", "cached"]
+    #: The W3C trace of the turn: every event of the turn names it.
+    trace_id: str | None = None
 
 
 class ResultBody(BaseModel):

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from .._errors import EventCursorTrimmedError, TurnFailedError
 from .._events import Event
+from .._trace import TraceContext
 from .._types import Principal, SubmitRequest, TurnResult, field_errors, is_session_id
 from ..router import SessionRouter, SubmitOrigin, TurnState
 from ..router._background import io
@@ -190,7 +191,11 @@ async def _event_bytes(frames: AsyncIterator[Event], gap: bytes = b"") -> AsyncI
 
 
 def _turn_request(
-    session_id: str, body: TurnBody, principal: Principal, idempotency_key: str | None
+    session_id: str,
+    body: TurnBody,
+    principal: Principal,
+    idempotency_key: str | None,
+    traceparent: str | None,
 ) -> SubmitRequest:
     """Raises: InvalidRequestError (a field breaks its rule)."""
     fields: dict[str, Any] = {
@@ -199,6 +204,8 @@ def _turn_request(
         "input": body.input if isinstance(body.input, str) else {"parts": body.input},
         "submit_options": body.submit_options,
         "initiator": principal,
+        # W3C trace context: a receiver ignores an invalid traceparent and starts a new trace.
+        "trace": TraceContext.lenient(traceparent),
     }
     if body.priority is not None:
         fields["priority"] = body.priority
@@ -211,6 +218,11 @@ def _turn_request(
             )
         fields["idempotency_key"] = scoped_key(principal, idempotency_key)
     return SubmitRequest(**fields)
+
+
+def _trace_headers(trace: TraceContext | None) -> dict[str, str]:
+    """The submit span's context, for a client to join the turn's trace."""
+    return {} if trace is None else {"traceparent": trace.traceparent}
 
 
 def api_router(gateway: Gateway) -> APIRouter:
@@ -233,6 +245,7 @@ def api_router(gateway: Gateway) -> APIRouter:
         session_id: str,
         request: Request,
         idempotency_key: Annotated[str | None, Header()] = None,
+        traceparent: Annotated[str | None, Header()] = None,
     ) -> Response:
         """Submit one message; with `Accept: text/event-stream`, stream the turn's events."""
         principal = await gateway.principal(request)
@@ -242,7 +255,7 @@ def api_router(gateway: Gateway) -> APIRouter:
             body = TurnBody.model_validate_json(raw or b"null")
         except ValidationError as exc:
             raise HttpError(400, "INVALID_REQUEST", field_errors(exc)) from None
-        submit = _turn_request(session_id, body, principal, idempotency_key)
+        submit = _turn_request(session_id, body, principal, idempotency_key, traceparent)
         await gateway.claim(principal, session_id)
         if _wants_events(request):
             stream = await router.stream(submit)
@@ -251,6 +264,7 @@ def api_router(gateway: Gateway) -> APIRouter:
                 "X-Turn-Id": stream.disposition.turn_id,
                 "X-Origin": stream.origin.value,
                 "X-Node-Id": router.node_id,
+                **_trace_headers(stream.disposition.trace),
             }
             response = sse_response(_event_bytes(stream), gateway.settings.heartbeat)
             response.headers.update(headers)
@@ -267,9 +281,14 @@ def api_router(gateway: Gateway) -> APIRouter:
             session_id=session_id,
             status=status,
             origin=disposition.origin.value,
+            trace_id=disposition.trace.trace_id if disposition.trace is not None else None,
         )
         location = f"/v1/sessions/{session_id}/turns/{disposition.turn_id}"
-        headers = {"Location": location, "X-Node-Id": router.node_id}
+        headers = {
+            "Location": location,
+            "X-Node-Id": router.node_id,
+            **_trace_headers(disposition.trace),
+        }
         return JSONResponse(accepted.model_dump(), status_code=202, headers=headers)
 
     @api.get(
