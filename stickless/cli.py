@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ._logs import configure_logging
 from .demo import DEMO_CONFIG
 
 __all__ = ["DEMO_CONFIG", "build_parser", "main"]
@@ -338,6 +339,7 @@ def _add_dlq(subcommands: Subcommands) -> None:
         sub = actions.add_parser(name, help=help, description=help)
         _redis_option(sub, required=True, help=_REDIS_URL)
         _namespace_option(sub, "Redis key prefix (default stickless)")
+        _logging_options(sub, defaults=False)
         sub.set_defaults(handler=_cmd_dlq)
         return sub
 
@@ -375,13 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="stickless",
         description="stickless: serialize AI-agent session turns across a cluster.",
     )
-    parser.add_argument(
-        "--log-level",
-        default="WARNING",
-        type=str.upper,
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="logging level on stderr (default WARNING)",
-    )
+    _logging_options(parser, defaults=True)
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_demo(subcommands)
     _add_node(subcommands)
@@ -389,7 +385,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ray_deploy(subcommands)
     _add_bench(subcommands)
     _add_dlq(subcommands)
+    for name, command in subcommands.choices.items():
+        # Also after the command (`stickless serve --log-format json`); there it overrides.
+        if name != "dlq":  # (its actions take them)
+            _logging_options(command, defaults=False)
     return parser
+
+
+def _logging_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    parser.add_argument(
+        "--log-level",
+        default="WARNING" if defaults else argparse.SUPPRESS,
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="logging level on stderr (default WARNING)",
+    )
+    parser.add_argument(
+        "--log-format",
+        default="text" if defaults else argparse.SUPPRESS,
+        choices=["text", "json"],
+        help="log records as text lines or as JSON objects, one per line (default text); "
+        "both name the node, session and turn of a record",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -403,9 +420,5 @@ def main(argv: list[str] | None = None) -> int:
     if handler is None:
         parser.print_help()
         return 2
-    logging.basicConfig(
-        level=args.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(args.log_format, getattr(logging, args.log_level))
     return handler(args)

@@ -151,7 +151,7 @@ async def test_one_trace_holds_the_submit_and_the_turn_spans_of_two_nodes(
         with provider.get_tracer("browser").start_as_current_span("click") as click:
             stream = await b.stream(req("s1", "one two"))
         frames = await _drain(stream)
-        await (stream.disposition.result)
+        await stream.disposition.result
     spans = exported.get_finished_spans()
     caller = click.get_span_context()
     (submit,) = _by_name(spans, "stickless.submit")

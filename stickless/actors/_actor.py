@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-from collections.abc import Awaitable
+import contextvars
+from collections.abc import Coroutine
 from typing import Any
 
 from .._errors import FailureCode
@@ -17,6 +17,7 @@ from .._events import (
     Event,
     TurnStarted,
 )
+from .._logs import get_logger, log_context, task_context
 from .._session import LiveSession, Transcript, TurnContext
 from .._types import CommittedEntry, Priority, TurnOutput
 from ..backends.base import (
@@ -41,7 +42,7 @@ from ._relay import EventRelay
 from ._unrun import answer_cancelled, answer_cut_short, fail_unrun, reject
 from ._work import PendingEntry, TurnWork
 
-log = logging.getLogger("stickless.actor")
+log = get_logger("stickless.actor")
 
 
 class SessionActor:
@@ -216,15 +217,19 @@ class SessionActor:
 
     # ------------------------------------------------------------------ internals
 
-    def _spawn(self, coro: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(coro)
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coro, context=self._log_context())
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
+
+    def _log_context(self) -> contextvars.Context:
+        """What the actor's tasks run in: their records name the node and the session."""
+        return task_context(node_id=self._host.node_id, session_id=self.session_id)
 
     def _kick(self) -> None:
         if self._task is None and self.accepting:
             self._task = asyncio.get_running_loop().create_task(
-                self._loop(), name=f"actor:{self.session_id}"
+                self._loop(), name=f"actor:{self.session_id}", context=self._log_context()
             )
             self._host.actor_state_changed(self.session_id, self.token)
 
@@ -415,6 +420,10 @@ class SessionActor:
         return record.entries if record is not None else ()
 
     async def _execute(self, work: TurnWork) -> None:
+        with log_context(turn_id=work.turn_id):
+            await self._execute_turn(work)
+
+    async def _execute_turn(self, work: TurnWork) -> None:
         self._starting, self._cancel_starting = work, work.cancelled
         try:
             handle = await self._prepare(work)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from dataclasses import dataclass, field
 
 from .._errors import FailureCode
 from .._events import Event, TurnCompleted, TurnFailed, unfinished_frame
+from .._logs import get_logger
 from .._retry import RetryPolicy
 from .._session import LiveSession, TurnContext
 from .._types import TurnOutput
@@ -18,7 +18,7 @@ from ._relay import EventRelay, LastFrames
 from ._unrun import failed, failure
 from ._work import TurnWork
 
-log = logging.getLogger("stickless.actor")
+log = get_logger("stickless.actor")
 
 
 class NotStarted(Exception):
@@ -131,7 +131,9 @@ async def conclude(
         frame = TurnFailed(code=FailureCode.LEASE_LOST, message=reason, executed_by=node)
         return failure(work, FailureCode.LEASE_LOST, reason, node), frame, None, True
     if error is not None:
-        log.warning("turn %s of %s failed: %r", work.turn_id, work.session_id, error)
+        # The error's text may quote the conversation: only its type above DEBUG.
+        log.warning("turn failed: %s", type(error).__name__)
+        log.debug("turn failed: %r", error)
         message = f"{type(error).__name__}: {error}"
         return (*failed(work, FailureCode.FAILED, message, node), None, False)
     output = task.result()

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from .._events import Event, drop_rank, is_terminal, trace_fields
+from .._logs import get_logger
 from .._trace import TraceContext
 from ..backends.base import TurnFrames
 
-log = logging.getLogger("stickless.relay")
+log = get_logger("stickless.relay")
 
 #: Loop passes a turn's first batch waits for more frames (or the turn's end) before it goes.
 _FIRST_BATCH_PASSES = 4

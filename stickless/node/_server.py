@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._errors import InvalidRequestError
+from .._logs import get_logger
 from ..wire import WireError
 from ._protocol import encode_frame, read_frame
 from ._service import NodeService, error_to_wire, ticket_of
 
-log = logging.getLogger("stickless.node")
+log = get_logger("stickless.node")
 
 
 class NodeServer:

@@ -11,7 +11,6 @@ leases and reservations at once (fencing keeps that safe) instead of waiting for
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -23,11 +22,12 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError
 
 from .._config import DeploymentMode, RouterConfig
 from .._events import Event
+from .._logs import get_logger
 from .._types import CommittedEntry, SubmitRequest, TurnResult
 from ..node import NodeService, load_opener
 from ..router import ClusterSessionStatus, SessionRouter, SubmitDisposition, TurnInfo
 
-log = logging.getLogger("stickless.ray")
+log = get_logger("stickless.ray")
 
 #: Prefix of router actor names; the rest is the Ray node id (hex).
 ROUTER_PREFIX = "stickless-router-"

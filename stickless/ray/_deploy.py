@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import random
 from collections.abc import Mapping
 from typing import Any
@@ -17,9 +16,10 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .._config import RouterConfig
+from .._logs import get_logger
 from ._actor import ROUTER_PREFIX, NodeRouter
 
-log = logging.getLogger("stickless.ray")
+log = get_logger("stickless.ray")
 
 RECONCILER_NAME = "stickless-reconciler"
 #: Concurrent calls one router actor serves (async actor; calls mostly wait on I/O).

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator, Awaitable, Coroutine
 from typing import Any, TypeVar
 
 from .._errors import BackendUnavailableError, SticklessError
+from .._logs import get_logger, task_context
 from ..backends.base import FencedOut
 
-log = logging.getLogger("stickless.router")
+log = get_logger("stickless.router")
 
 T = TypeVar("T")
 
@@ -59,7 +59,9 @@ class KeyedLocks:
 class Background:
     """The node's background work: long-running loops and one-off tasks, stopped together."""
 
-    def __init__(self) -> None:
+    def __init__(self, node_id: str) -> None:
+        #: Every task starts as this node's (see stickless/_logs.py).
+        self._node_id = node_id
         #: Set once the router stops accepting work (closing or killed); parts check it.
         self.closed = False
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -68,13 +70,15 @@ class Background:
 
     def start_loops(self, *loops: Coroutine[Any, Any, None]) -> None:
         loop = asyncio.get_running_loop()
-        self._loops.extend(loop.create_task(coro) for coro in loops)
+        self._loops.extend(
+            loop.create_task(coro, context=task_context(node_id=self._node_id)) for coro in loops
+        )
 
-    def spawn(self, coro: Awaitable[Any], name: str = "") -> None:
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str = "") -> None:
         """Run a one-off task; its failure is logged, never raised into the caller."""
-        task = asyncio.ensure_future(coro)
-        if name:
-            task.set_name(name)
+        task = asyncio.get_running_loop().create_task(
+            coro, name=name or None, context=task_context(node_id=self._node_id)
+        )
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
 

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .._events import Event
+from .._types import field_errors
 from ..actors import Subscriber, SubscriberHub
 from ..backends.base import Subscription
 from ..wire import Signal, SignalKind, WireError, frames_from_payload
@@ -95,7 +96,9 @@ class ControlChannel(RouterPart):
         try:
             handler(signal)
         except (ValidationError, WireError) as exc:
-            log.warning("dropping malformed %s signal from %s: %s", kind, signal.origin, exc)
+            # Field names and rules only: a payload's values may quote the conversation.
+            why = field_errors(exc, whole="payload") if isinstance(exc, ValidationError) else exc
+            log.warning("dropping malformed %s signal from %s: %s", kind, signal.origin, why)
 
     # ------------------------------------------------------------ event frames
 

@@ -13,15 +13,15 @@ registered: a lease won under the old one is never taken for the new one's (`epo
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable
 
+from .._logs import bind, get_logger
 from ..backends.base import Backends, Lease
 
-log = logging.getLogger("stickless.renewal")
+log = get_logger("stickless.renewal")
 
 #: How long (pauses x seconds) a revive waits for a registration the renewer thread has under way.
 _REVIVE_WAITS = 50
@@ -245,6 +245,7 @@ class LeaseRenewer:
             thread.join(timeout=5)
 
     def _run(self) -> None:
+        bind(node_id=self._node_id)  # (a thread starts with a context of its own)
         loop = asyncio.new_event_loop()
         loop.set_exception_handler(_log_without_traceback)
         try:

@@ -16,6 +16,7 @@ from typing import Any
 
 from .._config import DeploymentMode, RouterConfig
 from .._errors import BackendUnavailableError, RouterClosedError
+from .._logs import as_node
 from .._metrics import NOOP_METRICS, SafeMetrics, SessionMetrics
 from .._session import FactoryOpener, LiveSession, LiveSessionOpener
 from .._trace import Tracing
@@ -67,7 +68,7 @@ class SessionRouter:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self._status_flush: asyncio.TimerHandle | None = None
-        self._bg = Background()
+        self._bg = Background(node_id)
         self._renewer = LeaseRenewer(
             backends.clone(),
             node_id,
@@ -197,6 +198,7 @@ class SessionRouter:
 
     # ------------------------------------------------------------ lifecycle
 
+    @as_node
     async def start(self) -> None:
         """Subscribe to the control channel, register this node's incarnation (so it may hold
         sessions), then start the renewer and the sweeps."""
@@ -212,6 +214,7 @@ class SessionRouter:
         self._renewer.start()
         self._sweeps.start()
 
+    @as_node
     async def aclose(self, grace: float = 5.0) -> None:
         """Graceful shutdown: stop accepting, let turns finish up to `grace`, end the rest
         (SHUTDOWN), hand queued work back to the inbox, close handles, release leases; then wait
@@ -239,6 +242,7 @@ class SessionRouter:
         self._callers.fail_all("router closed")
         self._control.finish_subscribers()
 
+    @as_node
     async def kill(self) -> None:
         """Simulated crash: stop every task without releasing or announcing anything.
 
@@ -264,6 +268,7 @@ class SessionRouter:
 
     # ------------------------------------------------------------ public controls
 
+    @as_node
     async def submit(self, request: SubmitRequest | Mapping[str, Any]) -> SubmitDisposition:
         """Run one turn for the request's session here or on its holder.
 
@@ -278,6 +283,7 @@ class SessionRouter:
         self._check_open()
         return await self._submitter.submit(req)
 
+    @as_node
     async def result(
         self, session_id: str, turn_id: str, timeout: float | None = None  # noqa: ASYNC109 (the API's bound)
     ) -> TurnResult:
@@ -294,6 +300,7 @@ class SessionRouter:
         self._check_open()
         return await self._lookup.result(session_id, turn_id, timeout)
 
+    @as_node
     async def turn(self, session_id: str, turn_id: str) -> TurnInfo:
         """The turn's state (queued, running, completed, failed) and answer, without waiting.
 
@@ -304,6 +311,7 @@ class SessionRouter:
         self._check_open()
         return await self._lookup.turn(session_id, turn_id)
 
+    @as_node
     async def stream(self, request: SubmitRequest | Mapping[str, Any]) -> TurnStream:
         """Submit, and stream that turn's frames from its first one to its terminal one, be it
         new, attached to the running turn of the same key, or answered from the cache
@@ -323,6 +331,7 @@ class SessionRouter:
             raise
         return TurnStream(disposition, live, self._backends.events)
 
+    @as_node
     async def follow(
         self, session_id: str, turn_id: str, after: str | None = None
     ) -> TurnStream:
@@ -357,6 +366,7 @@ class SessionRouter:
             disposition, live, self._backends.events, after=after, owns_answer=True
         )
 
+    @as_node
     async def transcript(self, session_id: str) -> list[CommittedEntry]:
         """The session's committed transcript, read from its record (empty without one).
 
@@ -378,6 +388,7 @@ class SessionRouter:
         self._check_open()
         return self._control.stream(session_id, turn_id, after)
 
+    @as_node
     async def interrupt(
         self, session_id: str, reason: str = "USER", turn_id: str | None = None
     ) -> bool:
@@ -394,11 +405,13 @@ class SessionRouter:
         self._check_open()
         return await self._interrupts.interrupt(session_id, reason, turn_id)
 
+    @as_node
     async def release_session(self, session_id: str) -> None:
         """Drop the live handle, lease and queued messages (EVICTED); the history is kept."""
         self._check_open()
         await self._handover.release(session_id)
 
+    @as_node
     async def delete_session(self, session_id: str) -> None:
         """Delete the session's history; only the holder may, so take the lease (YIELD hand-off).
 
@@ -409,6 +422,7 @@ class SessionRouter:
         self._check_open()
         await self._handover.delete(session_id)
 
+    @as_node
     async def status(self, session_id: str) -> ClusterSessionStatus:
         """Best-effort status of the session across the cluster; never use it as a control gate."""
         self._check_open()
@@ -431,6 +445,7 @@ class SessionRouter:
             observed_by=self._node_id,
         )
 
+    @as_node
     async def peer_lost(self, node_id: str) -> list[str]:
         """Another node is known dead (e.g. its Ray actor died): end its incarnation, so its
         leases are free and its reservations stale now, then sweep and drain its sessions

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 from .._errors import EventCursorError, InvalidRequestError
 from .._events import Event, is_terminal
+from .._logs import get_logger
 from ..actors import Subscriber, drain_subscriber
 from ..backends.base import EventLog
 
 _REPLAY_PAGE = 500
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: An event id as both event logs write it (a Redis stream id): "<ms>-<n>", or "<ms>" alone
 #: (read as "<ms>-0"), each part an unsigned 64-bit decimal, ASCII digits only.

@@ -99,6 +99,8 @@ async def serve(options: ServeOptions) -> int:
         host=options.host,
         port=options.port,
         log_level="warning",
+        # uvicorn's records go to the handler the CLI set up (text or JSON), like stickless's.
+        log_config=None,
         lifespan="on",
         timeout_graceful_shutdown=max(int(options.grace), 1),
     )

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ..._logs import get_logger
 from ..._types import Priority
 from ...wire import Envelope, WireError, salvage_addresses
 
-_log = logging.getLogger("stickless.backends")
+_log = get_logger("stickless.backends")
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Callable, Sequence
 
+from ..._logs import get_logger
 from ...wire import EVENT_CHANNEL_KINDS, Signal, WireError
 from ..base import SignalHandler, Subscription
 from ._shared import Link, State
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 class MemorySubscription:

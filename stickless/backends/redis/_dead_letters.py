@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from ..._logs import get_logger
 from ...wire import WireError
 from ..base import (
     DeadLetter,
@@ -20,7 +20,7 @@ from ..base import (
 from ._role import _SCAN_BATCH, _SCAN_ROUNDS, _num, _Role, _text
 from ._scripts import Call, run_batch
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Index score of a letter whose header is unreadable: listed last (oldest).
 _UNKNOWN_STAMP = 1e-6

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,8 +23,6 @@ from ..base import (
 from ._keys import Keys
 from ._role import _ms, _Role, _text
 from ._scripts import Scripts
-
-logger = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------- event log
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,8 +22,6 @@ from ..base import (
 from ._keys import Keys, parse_reservation_member, reservation_member
 from ._role import _SCAN_BATCH, _SCAN_ROUNDS, _ms, _num, _Role, _text
 from ._scripts import Call, Scripts, run_batch
-
-logger = logging.getLogger(__name__)
 
 #: Seconds until the stale index checks a live holder's reservation again (a backstop: the
 #: dead-holder sweep finds a dead incarnation's reservations through the holder index).

@@ -3,7 +3,6 @@ cluster-wide pending-sessions index."""
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
@@ -17,8 +16,6 @@ from ..base import HOLDER_INDEX_TTL, CollectedBatch, PendingStats, decode_entrie
 from ._keys import TIERS, Keys
 from ._role import _SCAN_BATCH, _SCAN_ROUNDS, _ms, _num, _Role, _text
 from ._scripts import Call, Scripts, run_batch
-
-logger = logging.getLogger(__name__)
 
 #: Seconds a delivery id (and a take's reply) is remembered: far longer than any retry of one
 #: call takes.

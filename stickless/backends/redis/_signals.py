@@ -12,11 +12,12 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from ..._logs import get_logger
 from ...wire import EVENT_CHANNEL_KINDS, Signal, WireError
 from ..base import SignalHandler, Subscription
 from ._keys import Keys
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Reconnect backoff bounds (seconds) of a dropped pub/sub connection.
 _BACKOFF_MIN = 0.05

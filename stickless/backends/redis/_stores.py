@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from ..._logs import get_logger
 from ..._types import CommittedEntry
 from ...wire import (
     unpack,
@@ -24,7 +24,7 @@ from ._keys import Keys
 from ._role import _SCAN_BATCH, _keep_index, _num, _Role, _text
 from ._scripts import Call, Scripts, run_batch
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 # --------------------------------------------------------------------------- leases
 
