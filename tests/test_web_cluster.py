@@ -227,7 +227,9 @@ def test_a_stream_resumes_on_another_node_after_its_node_dies(cluster: WebCluste
     holder = warm_up(cluster, sid)
     expected_node = steer_away_from(cluster, holder)
     url = f"{cluster.url}/v1/sessions/{sid}/turns"
-    with sse("POST", url, json=turn_body("tell me a story", **STORY)) as stream:
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    caller = {"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}
+    with sse("POST", url, json=turn_body("tell me a story", **STORY), headers=caller) as stream:
         assert stream.node == expected_node != holder
         tid = stream.answer.headers["x-turn-id"]
         assert stream.answer.headers["x-origin"] == "new"
@@ -249,6 +251,8 @@ def test_a_stream_resumes_on_another_node_after_its_node_dies(cluster: WebCluste
         end = resumed.until(is_terminal)
         after = resumed.frames
     frames = before + after
+    # And every frame, read on two nodes that did not run the turn, names the caller's trace
+    assert {f.data["trace_id"] for f in frames} == {trace_id}
     # And the turn went on on its holder to its end, every frame received exactly once
     assert end.event == "turn_completed" and end.data["executed_by"] == holder
     view = wait_turn(cluster, sid, tid)
@@ -297,7 +301,9 @@ def test_a_stream_served_by_a_survivor_hears_its_holder_lost(cluster: WebCluster
     holder = warm_up(cluster, sid)
     expected_node = steer_away_from(cluster, holder)
     url = f"{cluster.url}/v1/sessions/{sid}/turns"
-    with sse("POST", url, json=turn_body("tell me a story", **STORY)) as stream:
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    caller = {"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}
+    with sse("POST", url, json=turn_body("tell me a story", **STORY), headers=caller) as stream:
         assert stream.node == expected_node != holder
         tid = stream.answer.headers["x-turn-id"]
         stream.until(lambda f: len(texts(stream.frames)) >= 3)

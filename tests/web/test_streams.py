@@ -92,3 +92,32 @@ async def test_a_burst_of_frames_reaches_the_client_whole(live_server: str) -> N
     texts = [f.data["text"].strip() for f in got if f.event == "text_delta"]
     assert texts == words
     assert got[-1].event == "turn_completed"
+
+
+async def test_a_traceparent_header_puts_the_turn_in_the_callers_trace(live_server: str) -> None:
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    caller = f"00-{trace_id}-00f067aa0ba902b7-01"
+    async with httpx.AsyncClient(base_url=live_server, timeout=30) as client:
+        async with client.stream(
+            "POST",
+            "/v1/sessions/s1/turns",
+            json=turn("a b"),
+            headers={**SSE, "traceparent": caller},
+        ) as stream:
+            got = await _until_terminal(stream)
+            answered = stream.headers["traceparent"]
+        # The submit's own span answers: same trace, a span of its own
+        assert answered.startswith(f"00-{trace_id}-") and answered != caller
+        assert {f.data["trace_id"] for f in got} == {trace_id}
+        assert len({f.data["span_id"] for f in got}) == 1
+        # A JSON submit says the trace too; an invalid traceparent starts a new one (W3C)
+        plain = await client.post(
+            "/v1/sessions/s1/turns", json=turn("c"), headers={"traceparent": caller}
+        )
+        assert plain.status_code == 202 and plain.json()["trace_id"] == trace_id
+        fresh = await client.post(
+            "/v1/sessions/s1/turns", json=turn("d"), headers={"traceparent": "00-bogus-01"}
+        )
+        assert fresh.status_code == 202
+        assert fresh.json()["trace_id"] not in (None, trace_id)
+        assert fresh.headers["traceparent"].split("-")[1] == fresh.json()["trace_id"]
