@@ -12,12 +12,20 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from stickless import Event, InvalidRequestError, SubmitOrigin, SubmitRequest, TurnStream
+from stickless import (
+    Event,
+    FailureCode,
+    InvalidRequestError,
+    SubmitOrigin,
+    SubmitRequest,
+    TurnFailed,
+    TurnStream,
+)
 from stickless._trace import TraceContext, Tracing
 from stickless.testing import LocalCluster
 
 from .agents import Journal, ScriptedOpener, req
-from .conftest import FAST
+from .conftest import FAST, ClusterFactory
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
@@ -111,6 +119,58 @@ async def test_a_turn_cancelled_before_it_ran_names_its_trace(
     await running.result
     assert [frame.type for frame in frames] == ["interrupted"]
     assert frames[0].trace_id == CALLER_TRACE and frames[0].span_id
+
+
+async def test_a_retried_submit_answers_with_the_first_submits_trace(
+    backend_cluster: LocalCluster, journal: Journal
+) -> None:
+    a, b, _ = backend_cluster.nodes
+    journal.gate("slow")
+    first = await a.submit(req("s1", "slow", idempotency_key="k1", trace=TRACEPARENT))
+    await journal.entered["slow"].wait()
+    # A retry with its own trace follows the running turn, then finds it answered
+    other = f"00-{'1' * 32}-{'2' * 16}-01"
+    attached = await b.submit(req("s1", "slow", idempotency_key="k1", trace=other))
+    journal.gates["slow"].set()
+    await first.result
+    cached = await b.submit(req("s1", "slow", idempotency_key="k1", trace=other))
+    assert (attached.attached, cached.origin) == (True, SubmitOrigin.CACHED)
+    assert first.trace is not None and first.trace.trace_id == CALLER_TRACE
+    assert attached.trace == cached.trace == first.trace
+
+
+@pytest.mark.parametrize("policy", ["fail", "retry"])
+async def test_a_node_that_declares_a_holder_lost_names_the_turns_trace(
+    cluster_over: ClusterFactory, journal: Journal, policy: str
+) -> None:
+    quick = {
+        "lease_ttl": 1.0,
+        "lease_extend_interval": 0.25,
+        "idempotency_secondary_ttl": 0.5,
+        "holder_loss_sweep_interval": 0.25,
+    }
+    async with cluster_over(on_holder_lost=policy, **quick) as cluster:
+        a, b, c = cluster.nodes
+        await (await a.submit(req("s1", "warm up"))).result
+        # Given a turn of the caller's trace running on A, submitted there, watched from C
+        watcher = c.events("s1", turn_id=None)
+        await watcher.ready()
+        journal.gate("long")
+        await a.submit(req("s1", "long", trace=TRACEPARENT))
+        await journal.entered["long"].wait()
+        # When A dies (its caller with it) and a survivor declares the attempt lost
+        await cluster.kill(a)
+        journal.gates["long"].set()
+        lost = None
+        async for frame in watcher:
+            if isinstance(frame, TurnFailed) and frame.code is FailureCode.HOLDER_LOST:
+                lost = frame
+                break
+        await watcher.aclose()
+    # Then the frame the survivor wrote names the turn's trace
+    assert lost is not None and lost.executed_by == a.node_id
+    assert lost.retrying is (policy == "retry")
+    assert lost.trace_id == CALLER_TRACE
 
 
 @pytest.fixture

@@ -397,7 +397,7 @@ class TurnOutcomes(RouterPart):
             takeover = acquired[0]
             if takeover.lost:
                 await self._announce_lost_attempt(
-                    session_id, turn_id, takeover.lost, takeover.lost_by
+                    session_id, turn_id, takeover.lost, takeover.lost_by, work.trace
                 )
             self.taken(work, takeover.attempt)
             return True
@@ -552,7 +552,11 @@ class TurnOutcomes(RouterPart):
             )
             if lost:
                 await self._announce_lost_attempt(
-                    stale.session_id, stale.turn_id, lost, stale.holder
+                    stale.session_id,
+                    stale.turn_id,
+                    lost,
+                    stale.holder,
+                    TraceContext.lenient(stale.traceparent),
                 )
                 return
         # Named by its decider, so two sweepers never write the same outcome (a reset that finds
@@ -572,7 +576,12 @@ class TurnOutcomes(RouterPart):
             await self._announce_lost(stale, outcome)
 
     async def _announce_lost_attempt(
-        self, session_id: str, turn_id: str, attempt: int, holder: str
+        self,
+        session_id: str,
+        turn_id: str,
+        attempt: int,
+        holder: str,
+        trace: TraceContext | None,
     ) -> None:
         """Tell subscribers an attempt was lost with its holder and the turn runs again (the
         one node that gave the attempt up sends it)."""
@@ -587,7 +596,7 @@ class TurnOutcomes(RouterPart):
             executed_by=holder,
             retrying=True,
         )
-        await self._control.deliver_frames(session_id, [frame])
+        await self._control.deliver_frames(session_id, [traced(frame, trace)])
 
     async def _announce_lost(self, stale: Reservation, outcome: Outcome) -> None:
         self._metrics.emit("on_holder_loss", stale.session_id, stale.turn_id)
@@ -599,5 +608,6 @@ class TurnOutcomes(RouterPart):
             message=outcome.message,
             executed_by=stale.holder or "",
         )
-        await self._control.deliver_frames(stale.session_id, [frame])
+        trace = TraceContext.lenient(stale.traceparent)
+        await self._control.deliver_frames(stale.session_id, [traced(frame, trace)])
         await self.announce(stale.session_id, stale.key, outcome)

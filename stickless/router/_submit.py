@@ -140,7 +140,8 @@ class Submitter(SessionPart):
             attributes["stickless.turn_id"] = disposition.turn_id
             forward = self._tracing.start("stickless.forward", span.context, attributes)
             disposition.result.add_done_callback(lambda done: forward.end(answer_attributes(done)))
-        return replace(disposition, trace=span.context)
+        # A submit that follows an earlier turn answers with that turn's trace (if known).
+        return replace(disposition, trace=disposition.trace or span.context)
 
     async def _submit(
         self,
@@ -178,6 +179,7 @@ class Submitter(SessionPart):
                         self._config.idempotency_secondary_ttl,
                         in_flight_ttl(self._config),
                         forward,
+                        trace.traceparent,
                     )
                 )
             except BackendUnavailableError:
@@ -296,7 +298,9 @@ class Submitter(SessionPart):
         assert existing.outcome is not None
         self._callers.remove(turn_id, future)
         settle(future, req.session_id, existing.outcome)
-        return self._disposition(SubmitKind.CACHED, req.session_id, existing.turn_id, future)
+        return self._disposition(
+            SubmitKind.CACHED, req.session_id, existing.turn_id, future, earlier=existing
+        )
 
     async def _attach(
         self,
@@ -323,7 +327,9 @@ class Submitter(SessionPart):
                 replace=False,
             )
             kind = SubmitKind.FORWARDED
-        return self._disposition(kind, req.session_id, existing.turn_id, future, attached=True)
+        return self._disposition(
+            kind, req.session_id, existing.turn_id, future, attached=True, earlier=existing
+        )
 
     def _disposition(
         self,
@@ -334,10 +340,13 @@ class Submitter(SessionPart):
         message_id: str | None = None,
         *,
         attached: bool = False,
+        earlier: Reservation | None = None,
     ) -> SubmitDisposition:
+        """The answer of a submit; one that follows an `earlier` turn names that turn's trace."""
         self._metrics.emit("on_submit", session_id, kind.value)
+        trace = None if earlier is None else TraceContext.lenient(earlier.traceparent)
         return SubmitDisposition(
-            kind, session_id, turn_id, self._node_id, future, message_id, attached
+            kind, session_id, turn_id, self._node_id, future, message_id, attached, trace
         )
 
     async def _running_token(self, session_id: str) -> int:

@@ -106,3 +106,23 @@ async def test_a_forwarding_reserve_finding_the_key_taken_queues_nothing(
     assert other.forwarded is None and other.existing is not None
     assert other.existing.turn_id == "t0"
     assert _turns(await backends.inbox.collect("s1", Priority.LATER, lease.token)) == []
+
+
+async def test_a_reservation_keeps_its_submits_traceparent(backends: Backends) -> None:
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    # Given s1 held by node-x: a forwarded reserve, and a local one of another key
+    await _held_by(backends, "node-x")
+    forwarded = await backends.hotpath.reserve(
+        "s1", "k1", "t1", "hash-t1", "node-a", "agent-a", LONG, DAY, _forwarding(), traceparent
+    )
+    local = await backends.hotpath.reserve(
+        "s1", "k2", "t2", "hash-t2", "node-x", "agent-a", LONG, DAY, None, traceparent
+    )
+    untraced = await backends.hotpath.reserve(
+        "s1", "k3", "t3", "hash-t3", "node-x", "agent-a", LONG, DAY
+    )
+    assert forwarded.forwarded is not None and local.existing is untraced.existing is None
+    # Then each reservation, read back, names the traceparent it was made with
+    assert (await _find(backends, "k1")).traceparent == traceparent
+    assert (await _find(backends, "k2")).traceparent == traceparent
+    assert (await _find(backends, "k3")).traceparent == ""

@@ -82,10 +82,12 @@ class HotPath(Protocol):
         secondary_ttl: float,
         primary_ttl: float,
         forward: Forwarding | None = None,
+        traceparent: str = "",
     ) -> Reserved:
         """Start a submit in one atomic step: refuse it when the session is bound to another
-        agent than `agent_ref` (nothing written), else `IdempotencyStore.put_if_absent`, telling
-        whether anything waited in the session's inbox then (`Reserved.quiet`).
+        agent than `agent_ref` (nothing written), else `IdempotencyStore.put_if_absent` (the
+        reservation keeping `traceparent`, see `Reservation.traceparent`), telling whether
+        anything waited in the session's inbox then (`Reserved.quiet`).
 
         With `forward`, when another live holder's lease is on the session, the new reservation
         is left holderless (stale after `forward.staleness`), the envelope is queued in the

@@ -38,6 +38,9 @@ class Reservation:
     #: True when the message has a durable copy in the session's pending set, so a successor
     #: can run it again.
     durable: bool = False
+    #: The W3C traceparent of the submit that made it ('' for none): a node that ends the turn
+    #: for a lost holder names the turn's trace in its frames.
+    traceparent: str = ""
 
 
 @dataclass(frozen=True, slots=True)

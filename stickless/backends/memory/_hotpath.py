@@ -65,6 +65,7 @@ class MemoryHotPath:
         secondary_ttl: float,
         primary_ttl: float,
         forward: Forwarding | None = None,
+        traceparent: str = "",
     ) -> Reserved:
         """The binding check and the reservation under one lock hold, and with `forward` the
         queueing and the doorbell too (see `HotPath.reserve`; a call here either does it all or
@@ -78,7 +79,15 @@ class MemoryHotPath:
             if again is not None:
                 return Reserved(forwarded=again)
             existing = put_locked(
-                state, session_id, key, turn_id, input_hash, holder, secondary_ttl, primary_ttl
+                state,
+                session_id,
+                key,
+                turn_id,
+                input_hash,
+                holder,
+                secondary_ttl,
+                primary_ttl,
+                traceparent,
             )
             if existing is not None:
                 return Reserved(existing=existing)

@@ -54,6 +54,7 @@ def _view(
         attempt=row.attempt,
         history=tuple(row.history),
         durable=row.pending is not None,
+        traceparent=row.traceparent,
     )
 
 
@@ -102,6 +103,7 @@ def put_locked(
     holder: str,
     secondary_ttl: float,
     primary_ttl: float,
+    traceparent: str = "",
 ) -> Reservation | None:
     """`put_if_absent` with the state lock held (the hot path's reserve shares it)."""
     now = state.clock()
@@ -123,6 +125,7 @@ def put_locked(
         touched_at=now,
         stale_at=now + secondary_ttl,
         expires_at=now + primary_ttl,
+        traceparent=traceparent,
     )
     state.turn_keys[(session_id, turn_id)] = (key, now + primary_ttl)
     return None

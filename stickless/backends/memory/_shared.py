@@ -89,6 +89,7 @@ class ReservationRow:
     given: str = ""
     #: (delivery id, message id) of the reserve that queued it for another holder.
     queued_as: tuple[str, str] | None = None
+    traceparent: str = ""
 
 
 class State:

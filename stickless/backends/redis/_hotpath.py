@@ -50,6 +50,7 @@ class RedisHotPath(_Role):
         secondary_ttl: float,
         primary_ttl: float,
         forward: Forwarding | None = None,
+        traceparent: str = "",
     ) -> Reserved:
         """The binding check and the reservation in one script, and with `forward` the queueing
         and the doorbell too (see `HotPath.reserve`)."""
@@ -78,6 +79,7 @@ class RedisHotPath(_Role):
             primary_ttl,
             agent_ref,
             queued,
+            traceparent,
         )
         verdict = int(reply[0])
         if verdict == 4:

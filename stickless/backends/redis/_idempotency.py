@@ -26,6 +26,8 @@ from ._scripts import Call, Scripts, run_batch
 #: Seconds until the stale index checks a live holder's reservation again (a backstop: the
 #: dead-holder sweep finds a dead incarnation's reservations through the holder index).
 _HELD_RECHECK = 60.0
+#: Arguments of the `idem_put` script's forward (ARGV 10 to 16; the traceparent is ARGV 17).
+_FORWARD_ARGS = 7
 
 # --------------------------------------------------------------------------- idempotency
 
@@ -34,6 +36,7 @@ def _reservation(session_id: str, key: str, reply: Sequence[Any]) -> Reservation
     """The public value of a reservation reply (see `reservation_reply` in the Lua prelude)."""
     turn, input_hash, has_holder, holder, state, touched, stale, outcome = reply[:8]
     attempt, history, pending = reply[9:12]
+    traceparent = _text(reply[12]) if len(reply) > 12 else ""
     return Reservation(
         session_id=session_id,
         key=key,
@@ -47,6 +50,7 @@ def _reservation(session_id: str, key: str, reply: Sequence[Any]) -> Reservation
         attempt=int(attempt),
         history=_history(history),
         durable=bool(pending),
+        traceparent=traceparent,
     )
 
 
@@ -118,6 +122,7 @@ class RedisIdempotencyStore(_Role):
         primary_ttl: float,
         agent_ref: str | None,
         forward: Sequence[str | bytes] = (),
+        traceparent: str = "",
     ) -> list[Any]:
         """The `idem_put` script's reply: the reservation made (and whether the inbox was quiet),
         or the one found, or (with `agent_ref`) the other agent the session is bound to; one
@@ -126,7 +131,8 @@ class RedisIdempotencyStore(_Role):
         delivery key, then the script's forward arguments (see `RedisHotPath.reserve`)."""
         keys = self._keys
         delivery = str(forward[0]) if forward else keys.delivery(session_id, "-")
-        forward_args = list(forward[1:]) if forward else [""]
+        # The forward's seven arguments ('' when there is none), then the traceparent.
+        forward_args = list(forward[1:]) if forward else [""] * _FORWARD_ARGS
         reply: list[Any] = await self._scripts.idem_put(
             keys=[
                 keys.reservation(session_id, key),
@@ -151,6 +157,7 @@ class RedisIdempotencyStore(_Role):
                 agent_ref or "",
                 key,
                 *forward_args,
+                traceparent,
             ],
         )
         return reply

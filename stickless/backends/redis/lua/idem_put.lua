@@ -5,7 +5,7 @@
 -- ms the holder's index lives, agent ('' for no binding check), the reservation's key; with a
 -- forward: the encoded envelope ('' for none), its tier index, seconds the delivery is
 -- remembered, tier ttl (ms), seconds the holderless reservation stays fresh, the control
--- channel, the session id.
+-- channel, the session id (each '' without a forward); the submit's traceparent ('' for none).
 -- Reserves the key for the turn, held under the holder's live incarnation (none: it is stale at
 -- once), and indexes it (stale index due at once: the first scan verifies and rescores it;
 -- holder index; the turn's index string names the key, expiring with the reservation, so the
@@ -89,7 +89,7 @@ expire_at(KEYS[12], exp_at)
 local cur = forwarding and live_lease(KEYS[9], t)
 if cur and cur[1] ~= ARGV[3] then
   redis.call('HSET', KEYS[1], 'turn', ARGV[1], 'hash', ARGV[2], 'state', 'IN_FLIGHT',
-    'touched', fmt(t), 'stale', fmt(t + tonumber(ARGV[14])), 'exp', fmt(exp_at))
+    'touched', fmt(t), 'stale', fmt(t + tonumber(ARGV[14])), 'exp', fmt(exp_at), 'tp', ARGV[17])
   expire_at(KEYS[1], exp_at)
   redis.call('ZADD', KEYS[3], 'LT', 0, ARGV[6])
   return queue(t, cur)
@@ -97,6 +97,6 @@ end
 local stale = fmt(t + tonumber(ARGV[4]))
 redis.call('HSET', KEYS[1], 'turn', ARGV[1], 'hash', ARGV[2], 'holder', ARGV[3],
   'inc', redis.call('GET', live_key(ARGV[3])) or '', 'state', 'IN_FLIGHT', 'touched', fmt(t),
-  'stale', stale, 'exp', fmt(exp_at))
+  'stale', stale, 'exp', fmt(exp_at), 'tp', ARGV[17])
 expire_at(KEYS[1], exp_at)
 return indexed(stale)
