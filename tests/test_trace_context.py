@@ -150,7 +150,7 @@ async def test_a_node_that_declares_a_holder_lost_names_the_turns_trace(
         "holder_loss_sweep_interval": 0.25,
     }
     async with cluster_over(on_holder_lost=policy, **quick) as cluster:
-        a, b, c = cluster.nodes
+        a, _, c = cluster.nodes
         await (await a.submit(req("s1", "warm up"))).result
         # Given a turn of the caller's trace running on A, submitted there, watched from C
         watcher = c.events("s1", turn_id=None)
