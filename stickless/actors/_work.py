@@ -56,6 +56,8 @@ class TurnWork:
     attempt: int = 0
     #: Why the turn is cancelled before it starts (an interrupt that came before it), if it is.
     cancelled: str | None = None
+    #: Seconds its last attempt ran here (set when it concludes; 0: it never started here).
+    ran: float = 0.0
     order: int = field(default_factory=lambda: next(_order))
 
     @classmethod
