@@ -168,3 +168,20 @@ async def test_a_raising_exporter_is_logged_once_and_turns_still_complete(
     assert _sample(metrics, "stickless_submits_total", {"kind": "EXECUTED_LOCALLY"}) == 3
     failures = [r for r in caplog.records if "on_turn_finished" in r.getMessage()]
     assert len(failures) == 1
+
+
+def test_the_grafana_dashboard_reads_only_exported_metrics() -> None:
+    import json
+    import re
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "docs" / "grafana-dashboard.json"
+    dashboard = json.loads(path.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    names = {
+        re.sub(r"_(bucket|sum|count)$", "", n)
+        for e in exprs
+        for n in re.findall(r"stickless_\w+", e)
+    }
+    # Every metric the dashboard reads is exported, and every exported one is on it
+    assert names == set(METRICS)

@@ -61,8 +61,8 @@ METRICS: Mapping[str, MetricSpec] = {
             "stickless_oldest_pending_idle_seconds",
             "Longest an entry pending on this node has waited (0: none pending)",
         ),
-        _counter("stickless_cache_hits_total", "Submits answered from the idempotency cache"),
-        _counter("stickless_cache_misses_total", "Session lookups that had to load the record"),
+        _counter("stickless_cache_hits_total", "Local submits whose session was held here already"),
+        _counter("stickless_cache_misses_total", "Sessions this node claimed (a new actor)"),
         _counter(
             "stickless_evictions_total", "Sessions this node stopped holding, by reason", "reason"
         ),
