@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Protocol
 
-log = logging.getLogger("stickless.metrics")
+from ._logs import get_logger
+
+log = get_logger("stickless.metrics")
+
+#: `on_turn_finished`'s result of a turn that succeeded (any other is a `FailureCode` name).
+COMPLETED = "completed"
+#: `on_events_dropped`'s rank of frames a relay shed, by `drop_rank`, and of frames a
+#: subscriber's full buffer dropped (a slow reader; the stream reads them back from the log).
+DROP_RANKS = ("reasoning", "text", "other")
+SUBSCRIBER_DROPS = "subscriber"
 
 
 class SessionMetrics(Protocol):
     """Hooks a deployment may implement; each runs on the thread that raised the event and must
-    not block. A hook that raises is logged and ignored; one the implementation lacks (written
-    before the hook existed) is skipped."""
+    not block. A hook that raises is ignored (its first failure logged); one the implementation
+    lacks (written before the hook existed) is skipped."""
 
     def on_lock_acquire(self, session_id: str, acquired: bool, latency: float) -> None: ...
 
@@ -31,7 +39,17 @@ class SessionMetrics(Protocol):
 
     def on_forward_doorbell_rerung(self, session_id: str) -> None: ...
 
-    def on_events_dropped(self, session_id: str, count: int) -> None: ...
+    def on_events_dropped(self, session_id: str, count: int, rank: str) -> None:
+        """`count` frames of rank `rank` were dropped: one of `DROP_RANKS` when a relay shed
+        them (overflow, or emitted after the turn ended), `SUBSCRIBER_DROPS` when a local
+        subscriber's buffer was full."""
+        ...
+
+    def on_turn_finished(self, session_id: str, turn_id: str, result: str, duration: float) -> None:
+        """This node recorded a turn's answer: `result` is `COMPLETED` or the `FailureCode`
+        name; `duration` the seconds it ran on its holder (0 for one that never started; for
+        HOLDER_LOST declared here, the seconds since its holder last touched the reservation)."""
+        ...
 
     def on_redelivered(self, session_id: str, count: int) -> None:
         """A collect took over `count` entries an older lease had collected and never answered
@@ -90,7 +108,10 @@ class NoopMetrics:
     def on_forward_doorbell_rerung(self, session_id: str) -> None:
         return None
 
-    def on_events_dropped(self, session_id: str, count: int) -> None:
+    def on_events_dropped(self, session_id: str, count: int, rank: str) -> None:
+        return None
+
+    def on_turn_finished(self, session_id: str, turn_id: str, result: str, duration: float) -> None:
         return None
 
     def on_redelivered(self, session_id: str, count: int) -> None:
@@ -115,10 +136,12 @@ NOOP_METRICS: SessionMetrics = NoopMetrics()
 
 
 class SafeMetrics:
-    """Wraps a SessionMetrics so that a failing hook is logged, never raised."""
+    """Wraps a SessionMetrics so that a failing hook is logged (once per hook), never raised."""
 
     def __init__(self, inner: SessionMetrics) -> None:
         self._inner = inner
+        #: Hooks that raised once already: their later failures are not logged again.
+        self._failed: set[str] = set()
 
     def emit(self, hook: str, *args: Any) -> None:
         call = getattr(self._inner, hook, None)
@@ -127,4 +150,6 @@ class SafeMetrics:
         try:
             call(*args)
         except Exception:
-            log.exception("metrics hook %s failed", hook)
+            if hook not in self._failed:
+                self._failed.add(hook)
+                log.exception("metrics hook %s failed (later failures of it are not logged)", hook)

@@ -209,6 +209,16 @@ def _add_node(subcommands: Subcommands) -> None:
     )
     _namespace_option(parser, "Redis key prefix")
     parser.add_argument("--port", type=int, default=0, help="loopback port (0 = any free port)")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (needs the metrics extra)",
+    )
+    parser.add_argument(
+        "--metrics-host", default="127.0.0.1", help="address of --metrics-port (default loopback)"
+    )
     _grace_option(parser)
     _config_option(parser)
     parser.set_defaults(handler=_cmd_node)

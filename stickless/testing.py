@@ -188,8 +188,11 @@ class CountingMetrics:
     def on_forward_doorbell_rerung(self, session_id: str) -> None:
         self._record("on_forward_doorbell_rerung", session_id)
 
-    def on_events_dropped(self, session_id: str, count: int) -> None:
-        self._record("on_events_dropped", session_id, count)
+    def on_events_dropped(self, session_id: str, count: int, rank: str) -> None:
+        self._record("on_events_dropped", session_id, count, rank)
+
+    def on_turn_finished(self, session_id: str, turn_id: str, result: str, duration: float) -> None:
+        self._record("on_turn_finished", session_id, turn_id, result)
 
     def on_redelivered(self, session_id: str, count: int) -> None:
         self._record("on_redelivered", session_id, count)

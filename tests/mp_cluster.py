@@ -92,6 +92,7 @@ class NodeProcess:
         opener: str = "tests.mp_agent:make_opener",
         grace: float = 2.0,
         log_url: str | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         self.node_id = node_id
         self.redis_url = redis_url
@@ -102,6 +103,8 @@ class NodeProcess:
         self.log_path = log_dir / f"{node_id.replace('/', '_')}.log"
         self.opener = opener
         self.grace = grace
+        #: Where the node serves its Prometheus metrics (`--metrics-port`; None: it does not).
+        self.metrics_port = metrics_port
         self.port: int | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self._client: NodeClient | None = None
@@ -150,6 +153,8 @@ class NodeProcess:
             "--grace", str(self.grace),
             "--config", json.dumps(self.config),
         ]  # fmt: skip
+        if self.metrics_port is not None:
+            args += ["--metrics-port", str(self.metrics_port)]
         self.process = self._spawn(args, env)
         stdout = self.process.stdout
         assert stdout is not None

@@ -10,7 +10,7 @@ import pytest
 
 from stickless import FailureCode, TurnFailedError, TurnState, is_terminal
 
-from .ray_cluster import ray_cluster  # noqa: F401  (fixture)
+from .ray_cluster import ray_cluster, wait_for  # noqa: F401  (fixture)
 from .redis_fixture import RedisServer
 
 pytestmark = pytest.mark.timeout(240)
@@ -79,6 +79,52 @@ def test_lookups_and_streams_work_on_every_router(deployed: Any) -> None:
     assert (streamed.origin, streamed.session_id) == ("new", "s3")
     assert {f.turn_id for f in frames} == {streamed.turn_id}
     assert [is_terminal(f) for f in frames].count(True) == 1 and is_terminal(frames[-1])
+
+
+def _ray_samples(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample on a Ray node's metrics endpoint (Prometheus text), by name and labels."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def _router_sample(port: int, name: str, node_id: str, **labels: str) -> float:
+    """One router's sample (by its node id tag) on its Ray node's metrics endpoint."""
+    wanted = {("node_id", node_id), *labels.items()}
+    return sum(v for (n, tags), v in _ray_samples(port).items() if n == name and wanted <= tags)
+
+
+def test_router_metrics_show_on_rays_metrics_endpoint(deployed: Any) -> None:
+    import ray
+
+    _, handles = deployed
+    ray_node_id, router = next(iter(handles.items()))
+    node_id = ray.get(router.ping.remote())["node_id"]
+    (port,) = (n["MetricsExportPort"] for n in ray.nodes() if n["NodeID"] == ray_node_id)
+    # When three turns of a session run on one router, which then releases the session
+    for n in range(3):
+        assert ray.get(router.run.remote(request("s-metrics", f"turn {n}"))).executed_by == node_id
+    ray.get(router.release_session.remote("s-metrics"))
+    # Then its Ray node's metrics endpoint shows that release (the router's first) and the
+    # turns, tagged with the router's node id (Ray exports what its actors recorded every few
+    # seconds: polled, bounded; the release was recorded after the turns, so they are in by then)
+    wait_for(
+        lambda: (
+            _router_sample(port, "ray_stickless_evictions_total", node_id, reason="RELEASE") > 0
+        ),
+        timeout=60,
+        what="the release on Ray's metrics endpoint",
+        interval=0.5,
+    )
+    assert _router_sample(port, "ray_stickless_evictions_total", node_id, reason="RELEASE") == 1
+    turns = _router_sample(port, "ray_stickless_turns_total", node_id, result="completed")
+    assert turns >= 3  # (with the turns earlier tests ran on this router)
 
 
 def test_killing_the_holder_router_answers_holder_lost_fast(deployed: Any) -> None:

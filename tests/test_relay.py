@@ -122,3 +122,4 @@ async def test_relay_drops_are_reported_to_metrics() -> None:
         await router.aclose()
     dropped = [args for hook, args in metrics.calls if hook == "on_events_dropped"]
     assert len(dropped) == 1 and dropped[0][0] == "s1" and dropped[0][1] > 0
+    assert dropped[0][2] == "reasoning"  # only reasoning frames were emitted, so only they shed

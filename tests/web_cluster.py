@@ -37,6 +37,7 @@ WEB_CONFIG: dict[str, Any] = {
     "release_interrupt_timeout": 2.0,
 }
 
+
 def _require(name: str) -> str:
     found = shutil.which(name, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
     if found is not None:
@@ -58,9 +59,7 @@ def _spawn(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
         ),
     }
     with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            args, stdout=subprocess.PIPE, stderr=log, env=env, cwd=REPO_ROOT
-        )
+        process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, env=env, cwd=REPO_ROOT)
     LIVE_PROCESSES[process.pid] = process
     return process
 
@@ -98,7 +97,13 @@ class WebNode:
     """One `stickless serve` process."""
 
     def __init__(
-        self, index: int, redis_url: str, namespace: str, log_dir: Path, tokens: Path | None
+        self,
+        index: int,
+        redis_url: str,
+        namespace: str,
+        log_dir: Path,
+        tokens: Path | None,
+        config: dict[str, Any] | None = None,
     ) -> None:
         self.index = index
         self.name = f"web-{index}"
@@ -106,6 +111,8 @@ class WebNode:
         self.redis_url = redis_url
         self.namespace = namespace
         self.tokens = tokens
+        #: RouterConfig overrides on top of WEB_CONFIG.
+        self.config = {**WEB_CONFIG, **(config or {})}
         self.log_path = log_dir / f"{self.name}.log"
         self.process: subprocess.Popen[bytes] | None = None
         #: The router's node id (with its incarnation), from the READY line.
@@ -127,7 +134,7 @@ class WebNode:
             "--port", str(self.port),
             "--node-id", self.name,
             "--grace", "2",
-            "--config", json.dumps(WEB_CONFIG),
+            "--config", json.dumps(self.config),
         ]  # fmt: skip
         if self.tokens is not None:
             args += ["--tokens", str(self.tokens)]

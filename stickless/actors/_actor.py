@@ -413,7 +413,7 @@ class SessionActor:
 
     def _report_drops(self, relay: EventRelay) -> None:
         if relay.dropped:
-            self._host.events_dropped(self.session_id, relay.dropped)
+            self._host.events_dropped(self.session_id, relay.drops)
 
     async def _load_transcript(self) -> tuple[CommittedEntry, ...]:
         record = await self._host.backends.records.load(self.session_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 from .._errors import FailureCode
@@ -57,6 +58,8 @@ class RunningTurn:
     #: Why the turn's message goes to the dead letters with its answer (its last attempt
     #: failed under the retry policy); None: it does not.
     bury: str | None = None
+    #: When the attempt started (`time.monotonic`), for the turn's duration.
+    started: float = field(default_factory=time.monotonic)
 
 
 def _retried_error(
@@ -167,6 +170,7 @@ async def finish_turn(
     decided elsewhere (this node was declared lost) or is unknown (the decider then sent the
     turn's terminal frame)."""
     work = running.work
+    work.ran = time.monotonic() - running.started
     # The relay's last frames and the terminal one go in the step that records the answer
     # (their order kept: the relay hands over only once its batch in flight is logged).
     tail = await relay.seal()
@@ -186,6 +190,7 @@ async def finish_turn(
         if not last.consumed:  # (the finish failed outright: what is left still goes out)
             await last.send(terminal=False)
     for joined in running.joined:
+        joined.ran = work.ran
         answer = announced or Outcome.unknown(joined.turn_id, host.config.forward_ttl)
         await host.complete(joined, answer.model_copy(update={"turn_id": joined.turn_id}))
     return held and announced is outcome

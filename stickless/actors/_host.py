@@ -132,7 +132,9 @@ class ActorHost(Protocol):
         """The actor of `session_id` under lease `token` lost that lease (told once)."""
         ...
 
-    def events_dropped(self, session_id: str, count: int) -> None: ...
+    def events_dropped(self, session_id: str, drops: Mapping[str, int]) -> None:
+        """A turn's relay dropped frames: their counts by rank name (`DROP_RANKS`)."""
+        ...
 
     def entries_reclaimed(self, session_id: str, redelivered: int, reclaimed: int) -> None:
         """A collect brought back pending entries: `redelivered` from older leases, `reclaimed`

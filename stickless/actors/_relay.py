@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from .._events import Event, drop_rank, is_terminal, trace_fields
 from .._logs import get_logger
+from .._metrics import DROP_RANKS
 from .._trace import TraceContext
 from ..backends.base import TurnFrames
 
@@ -37,15 +38,21 @@ class RankedQueue:
         self._capacity = capacity
         self._items: collections.deque[Event] = collections.deque()
         self.dropped = 0
+        #: Frames shed, by rank name (`DROP_RANKS`).
+        self.shed: collections.Counter[str] = collections.Counter()
 
     def __len__(self) -> int:
         return len(self._items)
 
     def push(self, frame: Event) -> None:
         if len(self._items) >= self._capacity and not self._shed_for(frame):
-            self.dropped += 1
+            self._drop(frame)
             return
         self._items.append(frame)
+
+    def _drop(self, frame: Event) -> None:
+        self.dropped += 1
+        self.shed[DROP_RANKS[drop_rank(frame)]] += 1
 
     def _shed_for(self, incoming: Event) -> bool:
         """Make room for `incoming`; False when `incoming` itself should be dropped."""
@@ -54,7 +61,7 @@ class RankedQueue:
             for index, frame in enumerate(self._items):
                 if drop_rank(frame) == rank and not is_terminal(frame):
                     del self._items[index]
-                    self.dropped += 1
+                    self._drop(frame)
                     return True
         # A terminal frame is kept even past capacity; anything else is dropped.
         return is_terminal(incoming)
@@ -93,7 +100,8 @@ class EventRelay:
         self._seq = 0
         self._wake = asyncio.Event()
         self._closed = False
-        self._late = 0
+        #: Frames emitted after the turn ended, by rank name.
+        self._late: collections.Counter[str] = collections.Counter()
         #: Sealed: what is left goes out with the turn's finish (see `seal`), and the
         #: dispatcher ends once that happened (`hand_over`).
         self._sealed = False
@@ -106,12 +114,17 @@ class EventRelay:
     @property
     def dropped(self) -> int:
         """Frames shed by overflow or emitted after the turn ended."""
-        return self._queue.dropped + self._late
+        return self._queue.dropped + self._late.total()
+
+    @property
+    def drops(self) -> dict[str, int]:
+        """`dropped` by rank name (`DROP_RANKS`), ranks without a drop left out."""
+        return dict(self._queue.shed + self._late)
 
     def emit(self, frame: Event) -> None:
         """Stamp and enqueue a frame; never blocks, never raises for a full queue."""
         if self._closed:
-            self._late += 1
+            self._late[DROP_RANKS[drop_rank(frame)]] += 1
             return
         stamped = self.stamp(frame)
         self._queue.push(stamped)

@@ -59,6 +59,8 @@ class TurnWork:
     cancelled: str | None = None
     #: The span the turn's span is a child of: its submit's (None: no trace reached it).
     trace: TraceContext | None = None
+    #: Seconds its last attempt ran here (set when it concludes; 0: it never started here).
+    ran: float = 0.0
     order: int = field(default_factory=lambda: next(_order))
 
     @classmethod

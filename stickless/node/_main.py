@@ -23,8 +23,11 @@ async def run_node(
     port: int = 0,
     grace: float = 5.0,
     config_overrides: dict[str, Any] | None = None,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
 ) -> int:
-    """Serve until SIGTERM/SIGINT or a `shutdown` request, then close gracefully.
+    """Serve until SIGTERM/SIGINT or a `shutdown` request, then close gracefully; with
+    `metrics_port`, the router's Prometheus metrics at `http://metrics_host:metrics_port/metrics`.
 
     Prints `READY <port> <node id>` on stdout once the router and the server are up (the
     node id with this process's incarnation, unless the config turned that off).
@@ -35,8 +38,20 @@ async def run_node(
         node_id=node_id, mode=DeploymentMode.DISTRIBUTED, **(config_overrides or {})
     )
     backends = RedisBackends.from_url(redis_url, namespace=namespace)
-    router = SessionRouter.build(config=config, opener=load_opener(opener), backends=backends)
+    metrics = None
+    if metrics_port is not None:
+        from ..metrics import PrometheusMetrics
+
+        metrics = PrometheusMetrics()
+    router = SessionRouter.build(
+        config=config, opener=load_opener(opener), backends=backends, metrics=metrics
+    )
     await router.start()
+    exporter = (
+        None
+        if metrics_port is None or metrics is None
+        else metrics.serve(metrics_port, metrics_host)
+    )
     service = NodeService(router)
     server = NodeServer(service, port=port)
     bound = await server.start()
@@ -52,6 +67,8 @@ async def run_node(
     stopped.cancel()
     await service.aclose(grace=grace)
     await server.aclose()
+    if exporter is not None:
+        exporter.shutdown()
     with contextlib.suppress(Exception):
         await backends.aclose()
     return 0
@@ -82,5 +99,7 @@ def main_node(args: Any) -> int:
             port=args.port,
             grace=args.grace,
             config_overrides=parse_overrides(args.config),
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
         )
     )

@@ -24,6 +24,7 @@ from .._config import DeploymentMode, RouterConfig
 from .._events import Event
 from .._logs import get_logger
 from .._types import CommittedEntry, SubmitRequest, TurnResult
+from ..metrics import RayMetrics
 from ..node import NodeService, load_opener
 from ..router import ClusterSessionStatus, SessionRouter, SubmitDisposition, TurnInfo
 
@@ -106,7 +107,10 @@ class NodeRouter:
                 )
                 backends = RedisBackends.from_url(self._redis_url, namespace=self._namespace)
                 router = SessionRouter.build(
-                    config=config, opener=load_opener(self._opener), backends=backends
+                    config=config,
+                    opener=load_opener(self._opener),
+                    backends=backends,
+                    metrics=RayMetrics(self.node_id),
                 )
                 await router.start()
                 self._service = NodeService(router)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from .._errors import BackendUnavailableError, SticklessError
@@ -14,6 +14,10 @@ from ..backends.base import FencedOut
 log = get_logger("stickless.router")
 
 T = TypeVar("T")
+
+#: Backoff of writes retried while the store is out of reach (seconds).
+RETRY_FIRST = 0.05
+RETRY_CAP = 1.0
 
 
 async def io(awaitable: Awaitable[T]) -> T:
@@ -33,6 +37,32 @@ async def quiet(awaitable: Awaitable[T]) -> T | None:
     except Exception as exc:
         log.warning("best-effort backend call failed: %s", exc)
         return None
+
+
+async def patiently(
+    call: Callable[[], Awaitable[T]], within: float, bg: Background
+) -> tuple[T] | None:
+    """Run a store call until it answers, for up to `within` seconds while the store is out of
+    reach (the call must be safe to repeat): its reply, or None when it never answered (or the
+    router closes meanwhile).
+
+    Raises:
+        FencedOut: the call was refused by the record's fence (an answer, not an outage).
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    delay = RETRY_FIRST
+    while True:
+        try:
+            return (await call(),)
+        except FencedOut:
+            raise
+        except Exception as exc:
+            log.warning("store call failed, retrying: %s", exc)
+        if loop.time() + delay >= deadline or bg.closed:
+            return None
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, RETRY_CAP)
 
 
 class KeyedLocks:

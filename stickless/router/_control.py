@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .._events import Event
+from .._metrics import SUBSCRIBER_DROPS
 from .._types import field_errors
 from ..actors import Subscriber, SubscriberHub
 from ..backends.base import Subscription
@@ -130,7 +131,7 @@ class ControlChannel(RouterPart):
 
     async def _close_subscriber(self, sub: Subscriber) -> None:
         if sub.dropped:
-            self._metrics.emit("on_events_dropped", sub.session_id, sub.dropped)
+            self._metrics.emit("on_events_dropped", sub.session_id, sub.dropped, SUBSCRIBER_DROPS)
         if self._hub.remove(sub) and self._event_channels.pop(sub.session_id, None) is not None:
             await quiet(self._backends.signals.unsubscribe_events(sub.session_id))
 

@@ -111,8 +111,9 @@ class NodeActorHost(RouterPart):
         if actor is not None and actor.token == token:
             self._handover.lease_lost(actor)
 
-    def events_dropped(self, session_id: str, count: int) -> None:
-        self._metrics.emit("on_events_dropped", session_id, count)
+    def events_dropped(self, session_id: str, drops: Mapping[str, int]) -> None:
+        for rank, count in drops.items():
+            self._metrics.emit("on_events_dropped", session_id, count, rank)
 
     def entries_reclaimed(self, session_id: str, redelivered: int, reclaimed: int) -> None:
         if redelivered:

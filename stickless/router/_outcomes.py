@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from .._errors import BackendUnavailableError, FailureCode
 from .._events import LATE_TERMINAL_SEQ, Event, TurnFailed, traced
+from .._metrics import COMPLETED
 from .._trace import TraceContext
 from ..actors import LastFrames, Later, PendingEntry, TurnWork
 from ..backends.base import (
@@ -27,16 +28,13 @@ from ..backends.base import (
     letter_for_unreadable,
 )
 from ..wire import Outcome, Signal, SignalKind, TurnResultPayload
-from ._background import io, log, quiet
+from ._background import RETRY_CAP, RETRY_FIRST, io, log, patiently, quiet
 from ._context import NodeContext, RouterPart
 from ._control import ControlChannel
 from ._keys import primary_ttl
 
 _T = TypeVar("_T")
 
-#: Backoff of writes retried while the store is out of reach (seconds).
-_RETRY_FIRST = 0.05
-_RETRY_CAP = 1.0
 #: How long (seconds) a delivery is sent again before it is withdrawn (or, failing that,
 #: followed): enough to ride out a store restart or a dropped connection; at most a quarter of
 #: `forward_ttl`, so a withdraw comes well before the message could be declared stale.
@@ -128,8 +126,9 @@ class TurnOutcomes(RouterPart):
                     await last.send(terminal=False)
                 return None
             result = None  # whether the store published it is unknown: it is sent from here
-        else:
-            if finished.recorded and letter is not None:
+        elif finished.recorded:
+            self._ended(work.session_id, work.turn_id, outcome, work.ran)
+            if letter is not None:
                 self._metrics.emit("on_dead_lettered", work.session_id, work.turn_id, bury)
         if finished is None or finished.recorded:
             if last is not None and finished is not None:
@@ -218,6 +217,11 @@ class TurnOutcomes(RouterPart):
             return False
         return True
 
+    def _ended(self, session_id: str, turn_id: str, outcome: Outcome, duration: float) -> None:
+        """`on_turn_finished` for a turn whose answer this node recorded."""
+        result = COMPLETED if outcome.ok else outcome.code
+        self._metrics.emit("on_turn_finished", session_id, turn_id, result, duration)
+
     def _tell_unknown(self, turn_id: str) -> None:
         """This node's callers of the turn learn its answer is unknown (they may retry)."""
         self._callers.resolve(Outcome.unknown(turn_id, self._config.forward_ttl))
@@ -261,20 +265,22 @@ class TurnOutcomes(RouterPart):
         """Keep recording an outcome whose callers were told it is unknown, until the store
         answers (acknowledging its message in the same call, as `complete` does); until then
         the reservation stays held by this live node, so it never looks abandoned."""
-        delay = _RETRY_FIRST
+        delay = RETRY_FIRST
         fenced = False
         while True:
             try:
-                await self._finish(work, outcome, commit, letter)
+                finished = await self._finish(work, outcome, commit, letter)
             except FencedOut:
                 fenced = True
             except Exception:
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, _RETRY_CAP)
+                delay = min(delay * 2, RETRY_CAP)
                 continue
             break
         if fenced:  # a fenced-out finish acknowledged nothing
             await self.ack(work.session_id, work.pending)
+        elif finished.recorded:
+            self._ended(work.session_id, work.turn_id, outcome, work.ran)
 
     async def hand_on(self, work: TurnWork, code: FailureCode, why: str) -> str | Outcome | None:
         """Queue a message for whoever holds its session, sending it again (with the same
@@ -287,7 +293,7 @@ class TurnOutcomes(RouterPart):
         envelope, delivery_id = work.to_envelope(), uuid.uuid4().hex
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(_DELIVER_PATIENCE, self._config.forward_ttl / 4)
-        delay = _RETRY_FIRST
+        delay = RETRY_FIRST
         while True:
             try:
                 return await io(self._backends.inbox.deliver(envelope, delivery_id))
@@ -296,7 +302,7 @@ class TurnOutcomes(RouterPart):
             if loop.time() + delay >= deadline:
                 break
             await asyncio.sleep(delay)
-            delay = min(delay * 2, _RETRY_CAP)
+            delay = min(delay * 2, RETRY_CAP)
         withdrawn = Outcome.failure(work.turn_id, code, f"not run: {why}", self._node_id)
         idem = self._backends.idempotency
         won = await quiet(
@@ -472,27 +478,10 @@ class TurnOutcomes(RouterPart):
     async def _patiently(
         self, call: Callable[[], Awaitable[_T]], within: float | None = None
     ) -> tuple[_T] | None:
-        """Run a store call until it answers, for up to `within` seconds (default
-        `forward_ttl`) while the store is out of reach (every call here is safe to repeat):
-        its reply, or None when it never answered (or the router closes meanwhile).
-
-        Raises:
-            FencedOut: the call was refused by the record's fence (an answer, not an outage).
-        """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + (self._config.forward_ttl if within is None else within)
-        delay = _RETRY_FIRST
-        while True:
-            try:
-                return (await call(),)
-            except FencedOut:
-                raise
-            except Exception as exc:
-                log.warning("store call failed, retrying: %s", exc)
-            if loop.time() + delay >= deadline or self._bg.closed:
-                return None
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, _RETRY_CAP)
+        """`patiently`, for up to `within` seconds (default `forward_ttl`)."""
+        return await patiently(
+            call, self._config.forward_ttl if within is None else within, self._bg
+        )
 
     async def answer_unreadable(
         self, session_id: str, entry: UnreadableEntry, token: int | None = None
@@ -519,6 +508,7 @@ class TurnOutcomes(RouterPart):
             f"inbox entry {entry.message_id} could not be decoded",
             self._node_id,
         )
+        self._ended(session_id, entry.turn_id, outcome, 0.0)
         if entry.idempotency_key is not None:
             await quiet(
                 self._backends.idempotency.discard_reservation(
@@ -600,6 +590,8 @@ class TurnOutcomes(RouterPart):
 
     async def _announce_lost(self, stale: Reservation, outcome: Outcome) -> None:
         self._metrics.emit("on_holder_loss", stale.session_id, stale.turn_id)
+        ran = max(0.0, time.time() - stale.touched_at)  # (the store's clock: an estimate)
+        self._ended(stale.session_id, stale.turn_id, outcome, ran)
         frame = TurnFailed(
             session_id=stale.session_id,
             turn_id=stale.turn_id,

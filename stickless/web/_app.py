@@ -6,10 +6,10 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, FastAPI
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -17,6 +17,9 @@ from ..router import SessionRouter
 from ._auth import Authenticator, Authorizer
 from ._errors import error_body
 from ._routes import Gateway, GatewaySettings, api_router
+
+if TYPE_CHECKING:
+    from ..metrics import PrometheusMetrics
 
 #: Seconds `/readyz` waits for the backends to answer.
 READY_TIMEOUT = 2.0
@@ -73,6 +76,19 @@ def probes_router(router: SessionRouter) -> APIRouter:
     return probes
 
 
+def metrics_router(metrics: PrometheusMetrics) -> APIRouter:
+    """`GET /metrics`: the node's metrics in the Prometheus text format (unauthenticated like
+    the probes; no label names a session or a principal)."""
+    scrape = APIRouter(tags=["probes"])
+
+    @scrape.get("/metrics", include_in_schema=False)
+    async def exposition() -> Response:
+        body, content_type = metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    return scrape
+
+
 def _page() -> str:
     return resources.files(__package__).joinpath("static/index.html").read_text("utf-8")
 
@@ -86,9 +102,11 @@ def create_app(
     chat_page: bool = True,
     manage_router: bool = False,
     close_grace: float = 5.0,
+    metrics: PrometheusMetrics | None = None,
 ) -> FastAPI:
     """The gateway over `router`: the `/v1` API (every answer names its node in `X-Node-Id`),
-    `/healthz`, `/readyz`, OpenAPI at `/docs` and the chat page at `/`.
+    `/healthz`, `/readyz`, OpenAPI at `/docs`, the chat page at `/` and, given the router's
+    `metrics` exporter, `/metrics`.
 
     Without an `authenticator` every request is the anonymous principal and every session is
     visible; with one, a session is visible only as the `authorizer` (default: its creator
@@ -112,6 +130,8 @@ def create_app(
     app.add_middleware(NodeIdHeader, router=router)
     app.include_router(api_router(gateway))
     app.include_router(probes_router(router))
+    if metrics is not None:
+        app.include_router(metrics_router(metrics))
     if chat_page:
         page = _page()
 

@@ -10,15 +10,21 @@ import socket
 import sys
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
 from .._config import DeploymentMode, RouterConfig
+from .._logs import get_logger
 from ..backends.base import Backends
 from ..router import SessionRouter
 from ._app import create_app
 from ._auth import Authenticator, BearerTokens
+
+if TYPE_CHECKING:
+    from ..metrics import PrometheusMetrics
+
+log = get_logger("stickless.web")
 
 #: The agent every `stickless serve` node opens unless `--opener` names another.
 DEFAULT_OPENER = "stickless.demo.opener:make_opener"
@@ -59,8 +65,21 @@ def check_exposure(options: ServeOptions) -> None:
         )
 
 
-def build_router(options: ServeOptions) -> tuple[SessionRouter, Backends]:
-    """The node's router: over Redis when `--redis` is given, else in memory (one node)."""
+def prometheus_exporter() -> PrometheusMetrics | None:
+    """The node's Prometheus exporter, or None (no `/metrics`) without the `metrics` extra."""
+    try:
+        from ..metrics import PrometheusMetrics
+    except ImportError:
+        log.warning("GET /metrics is off: prometheus-client is not installed (stickless[metrics])")
+        return None
+    return PrometheusMetrics()
+
+
+def build_router(
+    options: ServeOptions, metrics: PrometheusMetrics | None = None
+) -> tuple[SessionRouter, Backends]:
+    """The node's router (reporting to `metrics`): over Redis when `--redis` is given, else in
+    memory (one node)."""
     from ..node._service import load_opener
 
     opener = load_opener(options.opener)
@@ -77,7 +96,7 @@ def build_router(options: ServeOptions) -> tuple[SessionRouter, Backends]:
             node_id=node_id, mode=DeploymentMode.DISTRIBUTED, **options.config_overrides
         )
         backends = RedisBackends.from_url(options.redis_url, namespace=options.namespace)
-    router = SessionRouter.build(config=config, opener=opener, backends=backends)
+    router = SessionRouter.build(config=config, opener=opener, backends=backends, metrics=metrics)
     return router, backends
 
 
@@ -90,9 +109,14 @@ async def serve(options: ServeOptions) -> int:
     authenticator: Authenticator | None = None
     if options.tokens is not None:
         authenticator = BearerTokens.from_file(options.tokens)
-    router, backends = build_router(options)
+    metrics = prometheus_exporter()
+    router, backends = build_router(options, metrics)
     app = create_app(
-        router, authenticator=authenticator, manage_router=True, close_grace=options.grace
+        router,
+        authenticator=authenticator,
+        manage_router=True,
+        close_grace=options.grace,
+        metrics=metrics,
     )
     config = uvicorn.Config(
         app,
