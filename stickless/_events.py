@@ -170,6 +170,30 @@ def traced(frame: Event, trace: TraceContext | None) -> Event:
     return frame.model_copy(update=trace_fields(trace))
 
 
+def lost_frame(
+    session_id: str,
+    turn_id: str,
+    holder: str,
+    message: str,
+    trace: TraceContext | None,
+    *,
+    retrying_attempt: int | None = None,
+) -> Event:
+    """The HOLDER_LOST frame another node writes for a turn whose holder stopped answering:
+    late (after any of the turn's own), naming the turn's trace; with `retrying_attempt`, only
+    that attempt ended and the turn runs again."""
+    frame = TurnFailed(
+        session_id=session_id,
+        turn_id=turn_id,
+        seq=LATE_TERMINAL_SEQ,
+        code=FailureCode.HOLDER_LOST,
+        message=message,
+        executed_by=holder,
+        **({} if retrying_attempt is None else {"attempt": retrying_attempt, "retrying": True}),
+    )
+    return traced(frame, trace)
+
+
 def is_terminal(event: Event) -> bool:
     """True for the frames that end a turn for a subscriber (not an attempt that is retried)."""
     return isinstance(event, TERMINAL_EVENTS) and not event.retrying

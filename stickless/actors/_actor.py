@@ -26,6 +26,7 @@ from ..backends.base import (
     StagedCommit,
 )
 from ..wire import Outcome
+from ._collecting import admitted, fetch_batch
 from ._ending import (
     RunningTurn,
     conclude,
@@ -40,7 +41,7 @@ from ._host import ActorHost, Later, StopReason
 from ._mailbox import Mailbox
 from ._relay import EventRelay
 from ._unrun import answer_cancelled, answer_cut_short, fail_unrun, reject
-from ._work import PendingEntry, TurnWork
+from ._work import TurnWork
 
 log = get_logger("stickless.actor")
 
@@ -272,19 +273,10 @@ class SessionActor:
         try:
             # After a collect that failed, its batch may be pending under this lease unseen.
             # With nothing queued or running here, a lone message's take-over goes with it.
-            if max_priority is Priority.LATER and not self._mailbox and self.running is None:
-                batch = await host.backends.hotpath.take(
-                    self.session_id,
-                    max_priority,
-                    token,
-                    host.node_id,
-                    host.config.idempotency_secondary_ttl,
-                    reclaim_own=in_doubt,
-                )
-            else:
-                batch = await host.backends.inbox.collect(
-                    self.session_id, max_priority, token, reclaim_own=in_doubt
-                )
+            lone = max_priority is Priority.LATER and not self._mailbox and self.running is None
+            batch = await fetch_batch(
+                host, self.session_id, max_priority, token, lone=lone, reclaim_own=in_doubt
+            )
         except Exception as exc:
             log.warning("collect failed for %s: %s", self.session_id, exc)
             self._collect_in_doubt = True
@@ -294,18 +286,7 @@ class SessionActor:
             self._host.entries_reclaimed(self.session_id, batch.redelivered, batch.reclaimed)
         for entry in batch.unreadable:
             await self._host.answer_unreadable(self.session_id, entry, token)
-        # Reservations are taken over when a turn starts, not here (a lone message that starts
-        # next is taken over by the collect itself): a message that never started stays its
-        # submitter's (withdrawable) and, pending, a successor's to run.
-        kept = []
-        for message in batch.messages:
-            if not self._mailbox.admit(message.envelope.turn_id):
-                continue
-            work = TurnWork.from_envelope(message.envelope, PendingEntry(token, message.message_id))
-            work.cancelled = self._mailbox.cancelled(work.turn_id)
-            if batch.taken_attempt:
-                host.taken(work, batch.taken_attempt)
-            kept.append(work)
+        kept = admitted(host, self._mailbox, batch, token)
         if max_priority is Priority.NOW:
             taken = []
             for work in kept:

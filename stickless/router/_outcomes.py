@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from .._errors import BackendUnavailableError, FailureCode
-from .._events import LATE_TERMINAL_SEQ, Event, TurnFailed, traced
+from .._events import Event, lost_frame, traced
 from .._metrics import COMPLETED
 from .._trace import TraceContext
 from ..actors import LastFrames, Later, PendingEntry, TurnWork
@@ -576,30 +576,16 @@ class TurnOutcomes(RouterPart):
         """Tell subscribers an attempt was lost with its holder and the turn runs again (the
         one node that gave the attempt up sends it)."""
         self._metrics.emit("on_holder_loss", session_id, turn_id)
-        frame = TurnFailed(
-            session_id=session_id,
-            turn_id=turn_id,
-            attempt=attempt,
-            seq=LATE_TERMINAL_SEQ,
-            code=FailureCode.HOLDER_LOST,
-            message=f"node {holder} stopped answering; the turn runs again",
-            executed_by=holder,
-            retrying=True,
-        )
-        await self._control.deliver_frames(session_id, [traced(frame, trace)])
+        message = f"node {holder} stopped answering; the turn runs again"
+        frame = lost_frame(session_id, turn_id, holder, message, trace, retrying_attempt=attempt)
+        await self._control.deliver_frames(session_id, [frame])
 
     async def _announce_lost(self, stale: Reservation, outcome: Outcome) -> None:
-        self._metrics.emit("on_holder_loss", stale.session_id, stale.turn_id)
+        session_id, turn_id = stale.session_id, stale.turn_id
+        self._metrics.emit("on_holder_loss", session_id, turn_id)
         ran = max(0.0, time.time() - stale.touched_at)  # (the store's clock: an estimate)
-        self._ended(stale.session_id, stale.turn_id, outcome, ran)
-        frame = TurnFailed(
-            session_id=stale.session_id,
-            turn_id=stale.turn_id,
-            seq=LATE_TERMINAL_SEQ,
-            code=FailureCode.HOLDER_LOST,
-            message=outcome.message,
-            executed_by=stale.holder or "",
-        )
+        self._ended(session_id, turn_id, outcome, ran)
         trace = TraceContext.lenient(stale.traceparent)
-        await self._control.deliver_frames(stale.session_id, [traced(frame, trace)])
-        await self.announce(stale.session_id, stale.key, outcome)
+        frame = lost_frame(session_id, turn_id, stale.holder or "", outcome.message, trace)
+        await self._control.deliver_frames(session_id, [frame])
+        await self.announce(session_id, stale.key, outcome)
