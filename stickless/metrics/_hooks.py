@@ -72,7 +72,7 @@ METRICS: Mapping[str, MetricSpec] = {
         _counter("stickless_holder_loss_total", "Turns this node declared lost with their holder"),
         _counter(
             "stickless_takeover_rejected_total",
-            "Take-overs the store refused (a message that must not run twice); must stay 0",
+            "Take-overs the store refused: a second run of a message prevented",
         ),
         _counter(
             "stickless_forward_doorbell_rerung_total",
