@@ -78,7 +78,9 @@ async def test_event_stream_over_the_connection(served: tuple[NodeClient, NodeCl
     a, b = served
     stream = await b.events("s1")
     await stream.ready()
-    ticket = await a.submit(request("one two"))
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    traced = {**request("one two"), "trace": f"00-{trace_id}-00f067aa0ba902b7-01"}
+    ticket = await a.submit(traced)
     seen = []
     async for event in stream:
         seen.append(event)
@@ -87,6 +89,8 @@ async def test_event_stream_over_the_connection(served: tuple[NodeClient, NodeCl
     await stream.aclose()
     assert [e.type for e in seen] == ["turn_started", "text_delta", "text_delta", "turn_completed"]
     assert {e.turn_id for e in seen} == {ticket["turn_id"]}
+    # The caller's trace crossed the connection: the ticket and every frame name it
+    assert ticket["trace_id"] == trace_id and {e.trace_id for e in seen} == {trace_id}
     status = await b.status("s1")
     assert status["holder"] is not None
 

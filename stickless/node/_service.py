@@ -225,6 +225,7 @@ def ticket_of(disposition: SubmitDisposition) -> dict[str, Any]:
         "session_id": disposition.session_id,
         "attached": disposition.attached,
         "origin": disposition.origin.value,
+        "trace_id": disposition.trace.trace_id if disposition.trace is not None else "",
     }
 
 

@@ -46,6 +46,8 @@ class RouterTicket:
     attached: bool = False
     #: "new", "attached" or "cached" (see `SubmitDisposition.origin`).
     origin: str = "new"
+    #: The W3C trace the turn's frames name ('' for none known).
+    trace_id: str = ""
 
     @classmethod
     def of(cls, disposition: SubmitDisposition) -> RouterTicket:
@@ -57,6 +59,7 @@ class RouterTicket:
             session_id=disposition.session_id,
             attached=disposition.attached,
             origin=disposition.origin.value,
+            trace_id=disposition.trace.trace_id if disposition.trace is not None else "",
         )
 
 
@@ -162,6 +165,7 @@ class NodeRouter:
             session_id=str(ticket["session_id"]),
             attached=bool(ticket["attached"]),
             origin=str(ticket["origin"]),
+            trace_id=str(ticket.get("trace_id", "")),
         )
 
     async def result(
