@@ -161,16 +161,26 @@ class Tracing:
         ambient: bool = False,
     ) -> Span:
         """A child span of `parent`; with no parent, of the caller's current OpenTelemetry span
-        when `ambient` (a submit), else the root of a new trace. Never raises."""
+        when `ambient` (a submit), else the root of a new trace. Never raises.
+
+        With `ambient`, a current span of the parent's own trace is the parent instead: an
+        instrumented HTTP server's span sits between the request's traceparent and the submit.
+        """
         if self._otel is not None:
+            current = self._current() if ambient else None
+            in_current = current is not None and (
+                parent is None or current.trace_id == parent.trace_id
+            )
+            if in_current:
+                parent = current
             try:
-                span = self._start_otel(name, parent, attributes, ambient)
+                span = self._start_otel(
+                    name, None if in_current else parent, attributes, in_current
+                )
             except Exception:  # a broken tracer provider must not fail a turn
                 span = None
             if span is not None:
                 return span
-            if parent is None and ambient:
-                parent = self._current()
         if parent is not None:
             return _IdSpan(parent.child())
         return _IdSpan(TraceContext(trace_id=new_trace_id(), span_id=new_span_id()))
@@ -194,9 +204,10 @@ class Tracing:
         name: str,
         parent: TraceContext | None,
         attributes: Mapping[str, str | int | bool],
-        ambient: bool,
+        in_current: bool = False,
     ) -> _OtelSpan | None:
         trace = self._otel
+        context: Any = None  # in_current: the current context, whose span is the parent
         if parent is not None:
             remote = trace.SpanContext(
                 trace_id=int(parent.trace_id, 16),
@@ -205,12 +216,10 @@ class Tracing:
                 trace_flags=trace.TraceFlags(_SAMPLED if parent.sampled else 0),
             )
             context = trace.set_span_in_context(trace.NonRecordingSpan(remote))
-        elif ambient:
-            context = None  # the current context: the caller's span, if any
-        else:
+        elif not in_current:
             from opentelemetry.context import Context
 
-            context = Context()
+            context = Context()  # a root: never whatever span the task happened to start under
         if self._tracer is None:
             self._tracer = trace.get_tracer("stickless", tracer_provider=self._provider)
         span = self._tracer.start_span(name, context=context, attributes=dict(attributes))

@@ -243,3 +243,30 @@ def test_a_broken_tracer_provider_costs_the_spans_never_the_turn() -> None:
     # Ids are still made (a child of the parent), and ending it is harmless
     assert span.context.trace_id == CALLER_TRACE and span.context.span_id != CALLER_SPAN
     span.end({"stickless.result": "completed"})
+
+
+def test_a_submit_under_a_span_of_its_own_trace_hangs_under_that_span(
+    exporter: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, exported = exporter
+    tracing = Tracing(provider)
+    with provider.get_tracer("server").start_as_current_span("POST /turns") as server:
+        ids = server.get_span_context()
+        same = TraceContext(trace_id=_hex(ids.trace_id, 32), span_id=CALLER_SPAN)
+        # The request's traceparent is of the server span's trace: the server span is closer
+        tracing.start("in-same", same, {}, ambient=True).end()
+        # A traceparent of another trace wins over the unrelated current span
+        tracing.start(
+            "in-other", TraceContext.from_traceparent(TRACEPARENT), {}, ambient=True
+        ).end()
+        # A turn never takes the current span (ambient is off): it is a root without a parent
+        tracing.start("turn", None, {}).end()
+    spans = exported.get_finished_spans()
+    (in_same,) = _by_name(spans, "in-same")
+    (in_other,) = _by_name(spans, "in-other")
+    (turn,) = _by_name(spans, "turn")
+    assert in_same.parent is not None and in_same.parent.span_id == ids.span_id
+    assert not in_same.parent.is_remote
+    assert in_other.parent is not None and _hex(in_other.parent.span_id, 16) == CALLER_SPAN
+    assert _hex(in_other.context.trace_id, 32) == CALLER_TRACE
+    assert turn.parent is None and turn.context.trace_id != ids.trace_id
