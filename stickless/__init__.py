@@ -32,7 +32,15 @@ from ._events import (
 )
 from ._metrics import NOOP_METRICS, NoopMetrics, SessionMetrics
 from ._retry import RetryPolicy, TerminalError
-from ._session import LiveSession, LiveSessionOpener, SupportsInject, Transcript, TurnContext
+from ._session import (
+    LiveSession,
+    LiveSessionOpener,
+    SupportsInject,
+    SupportsTurnEnding,
+    Transcript,
+    TurnContext,
+    TurnEnding,
+)
 from ._types import (
     CommittedEntry,
     MediaPart,
@@ -110,6 +118,7 @@ __all__ = [
     "SubmitOrigin",
     "SubmitRequest",
     "SupportsInject",
+    "SupportsTurnEnding",
     "TerminalError",
     "TextDelta",
     "TextPart",
@@ -120,6 +129,7 @@ __all__ = [
     "TurnCompleted",
     "TurnConflictingAgentError",
     "TurnContext",
+    "TurnEnding",
     "TurnFailed",
     "TurnFailedError",
     "TurnInfo",

@@ -70,6 +70,9 @@ class RouterConfig(BaseModel):
     max_input_bytes: int = Field(default=1_000_000, ge=1, le=MAX_INPUT_BYTES_BOUND)
     #: How long an interrupted agent may take to return before its turn task is cancelled.
     interrupt_grace: float = Field(default=2.0, gt=0)
+    #: Commit what a turn the user interrupted had staged (entries marked `partial`), so the
+    #: next turn's history holds the text the user already saw; off: it commits nothing.
+    commit_partial_on_interrupt: bool = False
     #: Bound of each local subscriber's queue; the oldest frame is dropped past it.
     subscriber_queue_size: int = Field(default=1024, ge=1)
     #: Bound of a turn's remote fan-out queue (rank-based overflow past it).

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from ._events import Event
-from ._types import PrimitiveMap, Principal, Priority, TranscriptEntry, TurnOutput, UserInput
+from ._types import (
+    CommittedEntry,
+    PrimitiveMap,
+    Principal,
+    Priority,
+    TranscriptEntry,
+    TurnOutput,
+    UserInput,
+)
 
 
 @runtime_checkable
@@ -27,6 +36,30 @@ class SupportsInject(Protocol):
     async def inject(self, item: UserInput) -> bool: ...
 
 
+@dataclass(frozen=True, slots=True)
+class TurnEnding:
+    """How a turn of this session ended, as recorded: whether its staged entries committed and
+    the transcript's version then, so a session can keep a cached history current."""
+
+    turn_id: str
+    #: 'completed' or the failure code's name.
+    result: str
+    #: The staged entries are in the transcript (False: nothing committed, or not known to).
+    committed: bool
+    #: The transcript's version right after the commit (None when nothing committed): the
+    #: turn's own entries are the last ones up to it.
+    version: int | None = None
+    #: Committed from a user interrupt: what the agent had staged when it stopped.
+    partial: bool = False
+
+
+class SupportsTurnEnding(Protocol):
+    """Optional: be told how each turn ended once its answer is recorded (before the next turn
+    of the session starts on this handle)."""
+
+    async def turn_ended(self, ending: TurnEnding) -> None: ...
+
+
 class LiveSessionOpener(Protocol):
     """Opens a session's live handle on the node that holds the session."""
 
@@ -35,16 +68,34 @@ class LiveSessionOpener(Protocol):
     ) -> LiveSession: ...
 
 
+#: Reads the session's committed entries after a version: (those entries, the version now).
+TranscriptLoader = Callable[[int], Awaitable[tuple[Sequence[CommittedEntry], int]]]
+
+
 class Transcript:
     """A turn's view of the session history: committed entries plus this turn's staged ones."""
 
-    def __init__(self, loader: Callable[[], Awaitable[Sequence[TranscriptEntry]]]) -> None:
+    def __init__(self, loader: TranscriptLoader) -> None:
         self._loader = loader
         self._staged: list[TranscriptEntry] = []
+        self._version: int | None = None
 
-    async def load(self) -> list[TranscriptEntry]:
-        """The session's committed entries (read from the record store, not from a cache)."""
-        return list(await self._loader())
+    async def load(self, after: int = 0) -> list[CommittedEntry]:
+        """The entries committed after version `after` (all of them by default), read from the
+        record store: an adapter that cached the history up to a version reads only what was
+        added since, by any node.
+
+        Raises:
+            ValueError: `after` is not a version (an int >= 0).
+        """
+        entries, self._version = await self._loader(after)
+        return list(entries)
+
+    @property
+    def version(self) -> int | None:
+        """The committed version as of the last `load` (how many entries the transcript held
+        then; None before the first load)."""
+        return self._version
 
     async def append(self, *entries: TranscriptEntry) -> None:
         """Stage entries; they commit in one fenced write only if the turn succeeds."""

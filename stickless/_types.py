@@ -40,9 +40,10 @@ from ._trace import TraceContext, coerce_trace
 #   adapter has to map NaN / Infinity itself);
 # - strings that are valid UTF-8 (no lone surrogates), keys included;
 # - bools and None; bytes only inside `open_attributes` (msgpack bin);
-# - nesting (only in `open_attributes`) at most MAX_NESTING levels of lists / str-keyed maps,
-#   at most MAX_NESTED_ITEMS values in all; tuples become lists, so the opener sees the same
-#   value whether the turn was local or forwarded;
+# - nesting (only in `open_attributes` and a transcript entry's `data`) at most MAX_NESTING
+#   levels of lists / str-keyed maps, at most MAX_NESTED_ITEMS values in all; tuples become
+#   lists, so the opener (or the next turn) sees the same value whether the turn was local or
+#   forwarded;
 # - encoded sizes bounded at the edge: MAX_MAP_BYTES per request map, MAX_OUTPUT_BYTES per
 #   agent output (both well below wire.MAX_FRAME_BYTES, so whatever passes here can be decoded).
 
@@ -53,6 +54,8 @@ WIRE_INT_MAX = 2**64 - 1
 MAX_NESTING = 8
 #: Values (containers and leaves) all of `open_attributes` may hold.
 MAX_NESTED_ITEMS = 10_000
+#: Encoded size bound of one transcript entry (role, content and data together).
+MAX_ENTRY_BYTES = 1024 * 1024
 #: Encoded size bound of each request map (`options`, `submit_options`, `open_attributes`,
 #: the initiator).
 MAX_MAP_BYTES = 64 * 1024
@@ -116,10 +119,12 @@ def _primitive(value: Any) -> Any:
 
 
 class _Walk:
-    """Checks (and copies) one nested value of `open_attributes`."""
+    """Checks (and copies) one nested value: of `open_attributes` (bytes allowed) or of a
+    transcript entry's `data` (JSON values only)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, allow_bytes: bool) -> None:
         self.items = 0
+        self._bytes = allow_bytes
 
     def value(self, value: Any, path: str, depth: int) -> Any:
         self.items += 1
@@ -131,7 +136,7 @@ class _Walk:
             if isinstance(value, Mapping):
                 return self.mapping(value, path, depth + 1)
             return [self.value(item, f"{path}.{i}", depth + 1) for i, item in enumerate(value)]
-        return _leaf(value, allow_bytes=True, subpath=path)
+        return _leaf(value, allow_bytes=self._bytes, subpath=path)
 
     def mapping(self, value: Mapping[Any, Any], path: str, depth: int) -> dict[str, Any]:
         copy: dict[str, Any] = {}
@@ -150,7 +155,14 @@ def _attributes(value: Any) -> Any:
     """`open_attributes`: a str-keyed map of primitives and bounded lists / maps of them."""
     if not isinstance(value, Mapping):
         return value  # the dict type reports it
-    return _Walk().mapping(value, "", 0)
+    return _Walk(allow_bytes=True).mapping(value, "", 0)
+
+
+def _json_data(value: Any) -> Any:
+    """A transcript entry's `data`: a str-keyed map of JSON values, nested and bounded."""
+    if not isinstance(value, Mapping):
+        return value  # the dict type reports it
+    return _Walk(allow_bytes=False).mapping(value, "", 0)
 
 
 _UTF8 = BeforeValidator(_utf8)
@@ -166,6 +178,8 @@ Primitive = Annotated[
 PrimitiveMap = dict[WireStr, Primitive]
 #: `open_attributes`: primitives (and bytes) nested in lists and str-keyed maps, bounded.
 AttributeMap = Annotated[dict[WireStr, Any], BeforeValidator(_attributes)]
+#: A transcript entry's `data`: JSON values (primitives in lists and str-keyed maps), bounded.
+JsonMap = Annotated[dict[WireStr, Any], BeforeValidator(_json_data)]
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]*")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]*")
@@ -427,7 +441,15 @@ class TranscriptEntry(_CheckedOnBuild):
     model_config = _frozen()
     role: Annotated[StrictStr, Field(min_length=1, max_length=100), _UTF8]
     content: WireStr
-    data: PrimitiveMap = Field(default_factory=dict)
+    #: Structured data: a framework's own message (its JSON form), tool arguments, ...
+    data: JsonMap = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Self:
+        size = encoded_size({"role": self.role, "content": self.content, "data": self.data})
+        if size > MAX_ENTRY_BYTES:
+            raise ValueError(f"encoded size {size} bytes exceeds {MAX_ENTRY_BYTES} bytes")
+        return self
 
 
 class CommittedEntry(TranscriptEntry):
@@ -435,6 +457,9 @@ class CommittedEntry(TranscriptEntry):
 
     turn_id: StrictStr
     token: StrictInt
+    #: Committed from a turn the user interrupted (`RouterConfig.commit_partial_on_interrupt`):
+    #: what the agent had staged when it stopped, not a finished exchange.
+    partial: StrictBool = False
 
 
 class TurnOutput(_CheckedOnBuild):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 from typing import Any
 
 import pytest
@@ -84,7 +85,29 @@ def test_data_models_reject_non_primitives() -> None:
     with pytest.raises(ValueError):
         TurnOutput(text="x", data={"when": object()})  # type: ignore[dict-item]
     with pytest.raises(ValueError):
-        TranscriptEntry(role="user", content="x", data={"nested": {"a": 1}})  # type: ignore[dict-item]
+        TurnOutput(text="x", data={"nested": {"a": 1}})  # type: ignore[dict-item]
+
+
+def test_a_transcript_entry_holds_bounded_json_data() -> None:
+    # Nested maps and lists of JSON values are kept (tuples as lists, as msgpack gives back)
+    message = {"parts": [{"kind": "text", "content": "hi"}, {"args": (1, 2.5, None, True)}]}
+    entry = TranscriptEntry(role="assistant", content="hi", data={"message": message})
+    assert entry.data == {
+        "message": {"parts": [{"kind": "text", "content": "hi"}, {"args": [1, 2.5, None, True]}]}
+    }
+    # What JSON cannot say, or too deep, or too big, is refused naming where and why
+    deep: dict[str, object] = {}
+    for _ in range(9):
+        deep = {"d": deep}
+    for data, rule in (
+        ({"blob": b"x"}, "data.blob: must be a str, int, float, bool or None, not bytes"),
+        ({"m": {1: "x"}}, "data.m: map keys must be str, not int"),
+        ({"when": {"at": object()}}, "data.when.at: must be a str, int, float, bool or None"),
+        (deep, "must nest at most 8 levels deep"),
+        ({"big": "x" * (1024 * 1024)}, "encoded size 1048"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(rule)):
+            TranscriptEntry(role="user", content="x", data=data)
 
 
 @pytest.mark.parametrize(

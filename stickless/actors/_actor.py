@@ -36,6 +36,7 @@ from ._ending import (
     retrying_frame,
     schedule,
     start_turn,
+    tell_turn_ended,
 )
 from ._host import ActorHost, Later, StopReason
 from ._mailbox import Mailbox
@@ -396,9 +397,9 @@ class SessionActor:
         if relay.dropped:
             self._host.events_dropped(self.session_id, relay.drops)
 
-    async def _load_transcript(self) -> tuple[CommittedEntry, ...]:
-        record = await self._host.backends.records.load(self.session_id)
-        return record.entries if record is not None else ()
+    async def _load_transcript(self, after: int) -> tuple[tuple[CommittedEntry, ...], int]:
+        record = await self._host.backends.records.load(self.session_id, after)
+        return (record.entries, record.version) if record is not None else ((), 0)
 
     async def _execute(self, work: TurnWork) -> None:
         with log_context(turn_id=work.turn_id):
@@ -512,7 +513,9 @@ class SessionActor:
         host.actor_state_changed(self.session_id, self.token)
         # Recording and announcing must not be cut short by a stop of this actor (its callers
         # would never be answered): it runs in a task that only a crash (abort) cancels.
-        finish = asyncio.ensure_future(self._finish(running, outcome, terminal, commit, relay))
+        finish = asyncio.ensure_future(
+            self._finish(running, outcome, terminal, commit, relay, handle)
+        )
         self._finishing.add(finish)
         finish.add_done_callback(self._finishing.discard)
         await asyncio.shield(finish)
@@ -540,10 +543,13 @@ class SessionActor:
         terminal: Event,
         commit: StagedCommit | None,
         relay: EventRelay,
+        handle: LiveSession,
     ) -> None:
-        """Record and announce a concluded turn (and the NOW messages that joined it)."""
+        """Record and announce a concluded turn (and the NOW messages that joined it), then tell
+        the session how it ended."""
         if not await finish_turn(self._host, running, outcome, terminal, commit, relay):
             self.lose_lease()
+        await tell_turn_ended(self._host, handle, running, commit)
 
     async def _stop(self, reason: StopReason) -> list[TurnWork]:
         self.accepting = False

@@ -10,7 +10,7 @@ from .._errors import FailureCode
 from .._events import Event, TurnCompleted, TurnFailed, unfinished_frame
 from .._logs import get_logger
 from .._retry import RetryPolicy
-from .._session import LiveSession, TurnContext
+from .._session import LiveSession, TurnContext, TurnEnding
 from .._types import TurnOutput
 from ..backends.base import FencedOut, Lease, StagedCommit
 from ..wire import Outcome
@@ -60,6 +60,8 @@ class RunningTurn:
     bury: str | None = None
     #: When the attempt started (`time.monotonic`), for the turn's duration.
     started: float = field(default_factory=time.monotonic)
+    #: The answer its finish announced (None: decided elsewhere, or unknown).
+    answer: Outcome | None = None
 
 
 def _retried_error(
@@ -125,7 +127,7 @@ async def conclude(
     if running.interrupt_code is not None:
         code, reason = running.interrupt_code, running.interrupt_reason
         frame = unfinished_frame(code, reason, executed_by=node)
-        return failure(work, code, reason, node), frame, None, False
+        return failure(work, code, reason, node), frame, await _partial(host, running, lease), False
     if task.cancelled():
         return (*failed(work, FailureCode.FAILED, "turn task cancelled", node), None, False)
     error = task.exception()
@@ -155,6 +157,47 @@ async def conclude(
     )
     completed = TurnCompleted(text=output.text, data=output.data, executed_by=node)
     return outcome, completed, commit, False
+
+
+async def _partial(
+    host: ActorHost, running: RunningTurn, lease: Lease | None
+) -> StagedCommit | None:
+    """What a turn the user interrupted commits: its staged entries, marked partial, when the
+    deployment asks for it and the lease still holds (else nothing)."""
+    staged = running.context.transcript.staged
+    if (
+        running.interrupt_code is not FailureCode.INTERRUPTED
+        or not host.config.commit_partial_on_interrupt
+        or not staged
+        or lease is None
+        or not await host.holds_lease(running.work.session_id, lease.token)
+    ):
+        return None
+    return StagedCommit(lease.token, tuple(staged), partial=True)
+
+
+async def tell_turn_ended(
+    host: ActorHost, handle: LiveSession, running: RunningTurn, commit: StagedCommit | None
+) -> None:
+    """Tell a session that wants it (`SupportsTurnEnding`) how its finished turn ended, bounded
+    by `interrupt_grace`; a hook that fails or hangs is logged, never the turn's concern."""
+    hook = getattr(handle, "turn_ended", None)
+    if hook is None:
+        return
+    version = running.work.committed_version
+    answer = running.answer
+    ending = TurnEnding(
+        turn_id=running.work.turn_id,
+        # (unknown: the store stayed out of reach; the caller was told the same)
+        result=answer.result if answer is not None else "UNKNOWN",
+        committed=version is not None,
+        version=version,
+        partial=commit is not None and commit.partial and version is not None,
+    )
+    try:
+        await asyncio.wait_for(hook(ending), host.config.interrupt_grace)
+    except Exception:
+        log.exception("LiveSession.turn_ended failed")
 
 
 async def finish_turn(
@@ -189,6 +232,7 @@ async def finish_turn(
     finally:
         if not last.consumed:  # (the finish failed outright: what is left still goes out)
             await last.send(terminal=False)
+    running.answer = announced
     for joined in running.joined:
         joined.ran = work.ran
         answer = announced or Outcome.unknown(joined.turn_id, host.config.forward_ttl)

@@ -61,6 +61,8 @@ class TurnWork:
     trace: TraceContext | None = None
     #: Seconds its last attempt ran here (set when it concludes; 0: it never started here).
     ran: float = 0.0
+    #: The transcript's version after its commit, once its answer is recorded with one.
+    committed_version: int | None = None
     order: int = field(default_factory=lambda: next(_order))
 
     @classmethod

@@ -127,6 +127,7 @@ class TurnOutcomes(RouterPart):
                 return None
             result = None  # whether the store published it is unknown: it is sent from here
         elif finished.recorded:
+            work.committed_version = finished.version
             self._ended(work.session_id, work.turn_id, outcome, work.ran)
             if letter is not None:
                 self._metrics.emit("on_dead_lettered", work.session_id, work.turn_id, bury)

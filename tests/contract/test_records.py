@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from stickless._types import CommittedEntry, TranscriptEntry
-from stickless.backends.base import Backends, FencedOut, RecordView
+from stickless.backends.base import Backends, FencedOut, RecordView, StagedCommit
+from stickless.wire import Outcome
 
 from ..commits import commit_turn
 
@@ -136,3 +137,55 @@ async def test_binding_names_the_bound_agent_without_reading_the_transcript(
     assert await records.binding("s1") == "agent-a"
     await records.delete("s1")
     assert await records.binding("s1") is None
+
+
+async def test_a_load_after_a_version_reads_only_what_was_committed_since(
+    backends: Backends,
+) -> None:
+    # Given three committed entries (version 3)
+    await backends.records.provision("s1", "agent-a", 1)
+    nested = TranscriptEntry(
+        role="assistant", content="x", data={"msg": {"parts": [1, {"a": None}]}}
+    )
+    await commit_turn(backends, "s1", 1, "t1", [_entry("hi"), nested])
+    await commit_turn(backends, "s1", 1, "t2", [_entry("again")])
+    # Then a load after version 2 reads the third only, and every load tells the version
+    whole = await backends.records.load("s1")
+    since = await backends.records.load("s1", after=2)
+    nothing = await backends.records.load("s1", after=3)
+    beyond = await backends.records.load("s1", after=10)
+    assert whole is not None and since is not None and nothing is not None and beyond is not None
+    assert [e.content for e in whole.entries] == ["hi", "x", "again"]
+    assert whole.entries[1].data == {"msg": {"parts": [1, {"a": None}]}}  # (structure kept)
+    assert [e.content for e in since.entries] == ["again"]
+    assert nothing.entries == beyond.entries == ()
+    assert whole.version == since.version == nothing.version == beyond.version == 3
+    with pytest.raises(ValueError, match="after: must be a transcript version"):
+        await backends.records.load("s1", after=-1)
+
+
+async def test_a_finish_answers_the_version_its_commit_made_even_when_run_again(
+    backends: Backends,
+) -> None:
+    await backends.records.provision("s1", "agent-a", 1)
+    await commit_turn(backends, "s1", 1, "t0", [_entry("first")])
+    idem = backends.idempotency
+    assert await idem.put_if_absent("s1", "k1", "t1", "h", "node-a", 60.0, 3600.0) is None
+    done = Outcome(turn_id="t1", ok=True, executed_by="node-a")
+    commit = StagedCommit(1, (_entry("a"), _entry("b")), partial=True)
+    finished = await backends.hotpath.finish("s1", "k1", "node-a", done, 3600.0, commit)
+    # A rerun of the same call (its reply lost) answers the same version, appending nothing
+    again = await backends.hotpath.finish("s1", "k1", "node-a", done, 3600.0, commit)
+    plain = Outcome(turn_id="t2", ok=True, executed_by="node-a")
+    assert await idem.put_if_absent("s1", "k2", "t2", "h", "node-a", 60.0, 3600.0) is None
+    uncommitted = await backends.hotpath.finish("s1", "k2", "node-a", plain, 3600.0)
+    assert (finished.recorded, finished.version) == (True, 3)
+    assert (again.recorded, again.version) == (True, 3)
+    assert (uncommitted.recorded, uncommitted.version) == (True, None)
+    view = await backends.records.load("s1")
+    assert view is not None and view.version == 3
+    assert [(e.content, e.partial) for e in view.entries] == [
+        ("first", False),
+        ("a", True),
+        ("b", True),
+    ]

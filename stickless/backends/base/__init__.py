@@ -70,6 +70,7 @@ from ._records import (
     RecordStore,
     RecordView,
     StagedCommit,
+    check_version,
 )
 from ._relaying import RELAY_BATCH_WINDOW, EventRelayPath, check_batch_id
 from ._signals import (
@@ -117,6 +118,7 @@ __all__ = [
     "SignalBus",
     "SignalHandler",
     "StagedCommit",
+    "check_version",
     "Subscription",
     "UnreadableEntry",
     "check_batch_id",

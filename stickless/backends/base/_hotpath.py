@@ -24,6 +24,8 @@ class Finished:
     found: Reservation | None = None
     #: The event ids of the finish's frames, in order (when recorded with frames).
     event_ids: tuple[str, ...] = ()
+    #: The transcript's version once the commit was appended (None: nothing was committed).
+    version: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,11 @@ class RecordView:
     session_id: str
     agent_ref: str
     fence: int
+    #: The committed entries after the version the load asked for (all of them by default).
     entries: tuple[CommittedEntry, ...] = ()
+    #: The transcript's committed version: how many entries it holds in all (entries are only
+    #: ever appended, so a later version holds every entry of an earlier one, in order).
+    version: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,23 +29,35 @@ class StagedCommit:
 
     token: int
     entries: tuple[TranscriptEntry, ...]
+    #: Staged by a turn the user interrupted (see `RouterConfig.commit_partial_on_interrupt`).
+    partial: bool = False
 
     def committed(self, turn_id: str) -> list[CommittedEntry]:
-        """The entries as stored: tagged with the turn and the token."""
+        """The entries as stored: tagged with the turn and the token (and partial)."""
+        tags = {"turn_id": turn_id, "token": self.token, "partial": self.partial}
         return [
-            CommittedEntry.model_validate(
-                {**entry.model_dump(mode="python"), "turn_id": turn_id, "token": self.token}
-            )
+            CommittedEntry.model_validate({**entry.model_dump(mode="python"), **tags})
             for entry in self.entries
         ]
+
+
+def check_version(after: int) -> None:
+    """Raises: ValueError: `after` is not a transcript version (an int >= 0)."""
+    if type(after) is not int or after < 0:
+        raise ValueError(f"after: must be a transcript version (an int >= 0), not {after!r}")
 
 
 class RecordStore(Protocol):
     """Session records: agent binding, fence and committed transcript (entries are appended
     only with a turn's outcome, by `HotPath.finish`)."""
 
-    async def load(self, session_id: str) -> RecordView | None:
-        """The record, or None when the session has none."""
+    async def load(self, session_id: str, after: int = 0) -> RecordView | None:
+        """The record with the entries committed after version `after` (one consistent
+        snapshot: `version` counts them all), or None when the session has none.
+
+        Raises:
+            ValueError: `after` is negative.
+        """
         ...
 
     async def binding(self, session_id: str) -> str | None:

@@ -173,7 +173,9 @@ class MemoryHotPath:
                 _ack(state, session_id, pending)
                 # the same call made again: already recorded
                 known = known_batch(state, session_id, batch_id) if encoded else None
-                return Finished(recorded=True, event_ids=tuple(known or ()))
+                return Finished(
+                    recorded=True, event_ids=tuple(known or ()), version=row.committed_version
+                )
             record = state.records.get(session_id)
             if commit is not None:  # a fenced-out holder must learn it has lost the session
                 if record is None:
@@ -187,8 +189,9 @@ class MemoryHotPath:
                     _ack(state, session_id, pending)
                 found = None if row is None else _view(state, session_id, key, row, now)
                 return Finished(recorded=False, found=found)
-            if record is not None:
+            if record is not None and commit is not None:
                 record.entries.extend(packed)
+                row.committed_version = len(record.entries)
             row.state = ReservationState.DONE if outcome.final else ReservationState.FAILED
             row.outcome = data
             row.touched_at = now
@@ -201,7 +204,7 @@ class MemoryHotPath:
                 ids = relay_batch_locked(state, session_id, holder, batch_id, encoded)
             if message is not None:
                 fan_out_locked(state, message, None)
-            return Finished(recorded=True, event_ids=tuple(ids))
+            return Finished(recorded=True, event_ids=tuple(ids), version=row.committed_version)
 
 
 def _take_over_locked(

@@ -90,6 +90,8 @@ class ReservationRow:
     #: (delivery id, message id) of the reserve that queued it for another holder.
     queued_as: tuple[str, str] | None = None
     traceparent: str = ""
+    #: The transcript's version after the turn's commit (None: it committed nothing).
+    committed_version: int | None = None
 
 
 class State:

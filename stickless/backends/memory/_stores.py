@@ -12,6 +12,7 @@ from ..base import (
     Lease,
     NotLive,
     RecordView,
+    check_version,
 )
 from ._shared import LeaseRow, Link, RecordRow, State, holder_alive, incarnation_of, live_until
 
@@ -97,15 +98,17 @@ class MemoryRecordStore:
     def __init__(self, link: Link) -> None:
         self._link = link
 
-    async def load(self, session_id: str) -> RecordView | None:
-        """The record with its entries decoded, or None."""
+    async def load(self, session_id: str, after: int = 0) -> RecordView | None:
+        """The record with the entries after `after` decoded, or None."""
+        check_version(after)
         with self._link.open() as state:
             row = state.records.get(session_id)
             if row is None:
                 return None
-            agent_ref, fence, packed = row.agent_ref, row.fence, list(row.entries)
+            agent_ref, fence, packed = row.agent_ref, row.fence, row.entries[after:]
+            version = len(row.entries)
         entries = tuple(CommittedEntry.model_validate(unpack(data)) for data in packed)
-        return RecordView(session_id, agent_ref, fence, entries)
+        return RecordView(session_id, agent_ref, fence, entries, version)
 
     async def binding(self, session_id: str) -> str | None:
         """The bound agent, or None without a record."""

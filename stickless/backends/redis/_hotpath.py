@@ -191,7 +191,12 @@ class RedisHotPath(_Role):
         )
         result = int(reply[0])
         if result == 1:
-            return Finished(recorded=True, event_ids=tuple(_text(i) for i in reply[1:]))
+            version = _text(reply[1])
+            return Finished(
+                recorded=True,
+                event_ids=tuple(_text(i) for i in reply[2:]),
+                version=int(version) if version else None,
+            )
         if result == 2:
             fence = _text(reply[1])
             if not fence:

@@ -19,6 +19,7 @@ from ..base import (
     Lease,
     NotLive,
     RecordView,
+    check_version,
 )
 from ._keys import Keys
 from ._role import _SCAN_BATCH, _keep_index, _num, _Role, _text
@@ -162,16 +163,18 @@ class RedisLeaseStore(_Role):
 class RedisRecordStore(_Role):
     """Record hash {agent, fence} plus a list of packed committed entries."""
 
-    async def load(self, session_id: str) -> RecordView | None:
-        """The record with its entries decoded (one consistent MULTI snapshot), or None."""
+    async def load(self, session_id: str, after: int = 0) -> RecordView | None:
+        """The record with the entries after `after` decoded (one MULTI snapshot), or None."""
+        check_version(after)
         pipe = self._client.pipeline(transaction=True)
         pipe.hmget(self._keys.record(session_id), ["agent", "fence"])
-        pipe.lrange(self._keys.transcript(session_id), 0, -1)
-        (agent, fence), packed = await pipe.execute()
+        pipe.lrange(self._keys.transcript(session_id), after, -1)
+        pipe.llen(self._keys.transcript(session_id))
+        (agent, fence), packed, version = await pipe.execute()
         if agent is None:
             return None
         entries = tuple(CommittedEntry.model_validate(unpack(data)) for data in packed)
-        return RecordView(session_id, _text(agent), int(fence), entries)
+        return RecordView(session_id, _text(agent), int(fence), entries, int(version))
 
     async def binding(self, session_id: str) -> str | None:
         """The bound agent, or None without a record (one HGET, no transcript)."""

@@ -69,13 +69,13 @@ end
 -- A reservation hash as a table, or nil when missing or past its primary TTL.
 local function load_reservation(key, t)
   local v = redis.call('HMGET', key, 'turn', 'hash', 'holder', 'state', 'touched', 'stale', 'exp',
-    'outcome', 'attempt', 'history', 'pending', 'due', 'given', 'inc', 'tp')
+    'outcome', 'attempt', 'history', 'pending', 'due', 'given', 'inc', 'tp', 'ver')
   if not v[4] or tonumber(v[7]) <= t then
     return nil
   end
   return {turn = v[1], hash = v[2], holder = v[3], state = v[4], touched = v[5], stale = v[6],
     outcome = v[8], attempt = tonumber(v[9] or '0'), history = v[10], pending = v[11],
-    due = tonumber(v[12] or '0'), given = v[13], inc = v[14], tp = v[15]}
+    due = tonumber(v[12] or '0'), given = v[13], inc = v[14], tp = v[15], ver = v[16]}
 end
 
 -- The number of a reservation's held attempt: one run by its submitter is 1 without a write.

@@ -16,8 +16,10 @@
 -- Safe to run twice: a run that finds its own outcome already recorded for the turn reports
 -- success with the frames' ids, acknowledges again (a no-op) and logs and publishes nothing
 -- (the first run did).
--- Reply: {1, frame ids...} recorded, {0[, reservation reply]} refused (not this turn's
--- in-flight reservation; the reply is absent when there is none), {2, fence} fenced out.
+-- Reply: {1, the transcript's version after the commit ('' for none), frame ids...} recorded,
+-- {0[, reservation reply]} refused (not this turn's in-flight reservation; the reply is absent
+-- when there is none), {2, fence} fenced out. The version is kept in the reservation ('ver'),
+-- so the same call run again answers it too.
 local t = now()
 local r = load_reservation(KEYS[1], t)
 local entries = tonumber(ARGV[15])
@@ -49,6 +51,7 @@ if r and r.turn == ARGV[2] and r.state ~= 'IN_FLIGHT' and r.outcome == ARGV[4] t
   ack()
   upkeep(true)
   local ids = frames > 0 and known_batch(KEYS[11], relay[4]) or {}
+  table.insert(ids, 1, r.ver or '')
   table.insert(ids, 1, 1)
   return ids
 end
@@ -74,11 +77,14 @@ if not r or r.turn ~= ARGV[2] or r.state ~= 'IN_FLIGHT' or (r.holder and r.holde
   end
   return {0}
 end
+local version = ''
 if ARGV[14] ~= '' then
   local batch = 1000
   for first = 16, frames_at - 1, batch do
     redis.call('RPUSH', KEYS[3], unpack(ARGV, first, math.min(first + batch - 1, frames_at - 1)))
   end
+  version = redis.call('LLEN', KEYS[3])
+  redis.call('HSET', KEYS[1], 'ver', version)
 end
 local exp_at = t + tonumber(ARGV[5])
 redis.call('HSET', KEYS[1], 'state', ARGV[3], 'outcome', ARGV[4], 'touched', fmt(t),
@@ -96,5 +102,6 @@ end
 if ARGV[11] ~= '' then
   redis.call('PUBLISH', ARGV[11], ARGV[12])
 end
+table.insert(ids, 1, version)
 table.insert(ids, 1, 1)
 return ids
