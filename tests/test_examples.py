@@ -1,0 +1,60 @@
+"""The examples run as documented: each adapter on a LocalCluster, and behind a real
+`stickless serve` process."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from stickless.local_services import free_port
+from tests.web_cluster import REPO_ROOT, _ready_line, _spawn, _stop
+
+EXAMPLES = REPO_ROOT / "examples"
+
+
+def test_the_pydantic_ai_example_runs_three_turns_on_three_nodes() -> None:
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "pydantic_ai_app.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=REPO_ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 3 and len({line.split()[0] for line in lines}) == 3
+    assert "0 message(s) before it" in lines[0]
+    assert lines[1].split(": ", 1)[1].startswith("It is ")  # the clock tool answered
+    assert "2 message(s) before it" in lines[2]
+
+
+@pytest.mark.timeout(90)
+def test_the_pydantic_ai_example_serves_over_http(tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "serve.log"
+    opener = "examples.pydantic_ai_app:make_opener"
+    args = [sys.executable, "-m", "stickless", "serve", "--port", str(port), "--opener", opener]
+    process = _spawn(args, log)
+    try:
+        _ready_line(process, "stickless serve", log)
+        url = f"http://127.0.0.1:{port}/v1/sessions/chat/turns"
+        texts = []
+        for text in ("hello", "and again"):
+            accepted = httpx.post(url, json={"agent_ref": "assistant", "input": text})
+            assert accepted.status_code == 202, accepted.text
+            location = f"http://127.0.0.1:{port}{accepted.headers['location']}"
+            view = httpx.get(location, params={"wait": 30}, timeout=40).json()
+            assert view["state"] == "completed", view
+            texts.append(view["result"]["text"].strip())
+    finally:
+        _stop(process, signal.SIGTERM)
+    assert texts == [
+        "You said 'hello'; 0 message(s) before it.",
+        "You said 'and again'; 1 message(s) before it.",
+    ]
