@@ -21,6 +21,7 @@ SCENARIOS: dict[str, str] = {
     "renewal": "stickless.bench.renewal",
     "contention": "stickless.bench.contention",
     "failover": "stickless.bench.failover",
+    "history": "stickless.bench.history",
     "http": "stickless.bench.http",
     "ray": "stickless.bench.ray_actors",
 }
