@@ -31,10 +31,12 @@ from stickless import (
     ToolUseStarted,
     TurnFailedError,
     TurnStream,
+    UserInput,
 )
 from stickless.integrations.pydantic_ai import PydanticAIOpener, PydanticAISession, entries_of
 from stickless.testing import LocalCluster
 
+from .agents import wait_until
 from .commits import commit_turn
 from .conftest import BACKENDS, FAST
 
@@ -234,3 +236,62 @@ async def test_a_long_history_loads_once_then_only_what_is_new(make: Any) -> Non
     assert first == "heard 'one' after 250 earlier prompt(s)"
     assert second == "heard 'two' after 251 earlier prompt(s)"
     assert len(model.seen[-1]) == 500 + 2 + 1
+
+
+class InjectRecordingSession(PydanticAISession):
+    """Records which NOW messages the adapter took into the running turn."""
+
+    injected: list[tuple[str, bool]]
+
+    async def inject(self, item: UserInput) -> bool:
+        taken = await super().inject(item)
+        self.injected.append((item.as_text(), taken))
+        return taken
+
+
+async def test_a_now_message_joins_the_turn_while_a_tool_runs(make: Any) -> None:
+    tool_running, release = asyncio.Event(), asyncio.Event()
+    requests: list[list[str]] = []
+
+    async def model(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[Any]:
+        last = messages[-1]
+        requests.append([str(p.content) for p in last.parts if isinstance(p, UserPromptPart)])
+        if any(isinstance(p, ToolReturnPart) for p in last.parts):
+            yield f"done, also read {requests[-1]}"
+            return
+        yield {0: DeltaToolCall(name="lookup", json_args="{}", tool_call_id="t1")}
+
+    agent = Agent(FunctionModel(stream_function=model))
+
+    @agent.tool_plain
+    async def lookup() -> str:
+        """A slow lookup."""
+        tool_running.set()
+        await release.wait()
+        return "found"
+
+    injected: list[tuple[str, bool]] = []
+
+    class Opener(PydanticAIOpener):
+        async def open(
+            self, session_id: str, agent_ref: str, attributes: Mapping[str, Any]
+        ) -> PydanticAISession:
+            session = InjectRecordingSession(agent, session_id)
+            session.injected = injected
+            return session
+
+    async with make(Opener({})) as cluster:
+        a, b = cluster.nodes
+        running = await a.submit(_req("check"))
+        await tool_running.wait()
+        # A NOW message from the other node while the tool runs: taken into the turn
+        urgent = await b.submit(
+            SubmitRequest(session_id="s1", agent_ref="assistant", input="also this", priority="NOW")
+        )
+        await wait_until(lambda: injected == [("also this", True)])
+        release.set()
+        result = await running.result
+        joined = await urgent.result
+    # The model's next request carried it with the tool's result; its caller got the turn's
+    assert requests == [["check"], ["also this"]]
+    assert result.text == joined.text == "done, also read ['also this']"
