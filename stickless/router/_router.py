@@ -15,14 +15,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from .._config import DeploymentMode, RouterConfig
-from .._errors import BackendUnavailableError, RouterClosedError
+from .._errors import BackendUnavailableError, InvalidRequestError, RouterClosedError
 from .._logs import as_node
 from .._metrics import NOOP_METRICS, SafeMetrics, SessionMetrics
 from .._session import FactoryOpener, LiveSession, LiveSessionOpener
 from .._trace import Tracing
 from .._types import CommittedEntry, SubmitRequest, TurnResult
 from ..actors import SessionActor, StopReason
-from ..backends.base import HOLDER_INDEX_TTL, Backends, Lease
+from ..backends.base import HOLDER_INDEX_TTL, Backends, Lease, check_version
 from ..wire import (
     EvictPayload,
     Signal,
@@ -367,14 +367,20 @@ class SessionRouter:
         )
 
     @as_node
-    async def transcript(self, session_id: str) -> list[CommittedEntry]:
-        """The session's committed transcript, read from its record (empty without one).
+    async def transcript(self, session_id: str, after: int = 0) -> list[CommittedEntry]:
+        """The session's committed transcript past version `after` (all of it by default),
+        read from its record (empty without one).
 
         Raises:
+            InvalidRequestError: `after` is not a transcript version (an int >= 0).
             BackendUnavailableError: the store could not be read.
         """
         self._check_open()
-        record = await io(self._backends.records.load(session_id))
+        try:
+            check_version(after)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        record = await io(self._backends.records.load(session_id, after))
         return [] if record is None else list(record.entries)
 
     def events(

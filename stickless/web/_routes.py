@@ -398,11 +398,13 @@ def api_router(gateway: Gateway) -> APIRouter:
         return (await router.status(session_id)).model_dump(mode="json")
 
     @api.get("/sessions/{session_id}/transcript", response_model=Transcript)
-    async def transcript(session_id: str, request: Request) -> Transcript:
-        """The session's committed transcript."""
+    async def transcript(
+        session_id: str, request: Request, after: Annotated[int, Query(ge=0)] = 0
+    ) -> Transcript:
+        """The session's committed transcript (`?after=N`: only the entries past version N)."""
         principal = await gateway.principal(request)
         await gateway.check(principal, session_id, Action.READ)
-        entries = await router.transcript(session_id)
+        entries = await router.transcript(session_id, after)
         return Transcript(
             session_id=session_id, entries=[e.model_dump(mode="json") for e in entries]
         )

@@ -226,6 +226,11 @@ async def test_status_transcript_release_and_delete(served: Served) -> None:
     assert status.json()["holder"] == served.router.node_id
     entries = (await client.get("/v1/sessions/s1/transcript")).json()["entries"]
     assert (entries[0]["role"], entries[0]["content"]) == ("user", "remember me")
+    # ?after=N reads only the entries past version N; a negative one is refused by name
+    later = (await client.get("/v1/sessions/s1/transcript", params={"after": 1})).json()
+    assert later["entries"] == entries[1:] and entries[0]["partial"] is False
+    refused = await client.get("/v1/sessions/s1/transcript", params={"after": -1})
+    assert refused.status_code == 400 and "after" in refused.text
     assert (await client.post("/v1/sessions/s1/release")).status_code == 204
     assert served.router.local_sessions() == []
     assert len((await client.get("/v1/sessions/s1/transcript")).json()["entries"]) == 2
