@@ -154,6 +154,9 @@ class _TextFormatter(logging.Formatter):
         return f"{text} [{' '.join(named)}]" if named else text
 
 
+_OURS = "_stickless_cli_handler"
+
+
 def configure_logging(log_format: str = "text", level: int = logging.WARNING) -> None:
     """Log to stderr as text lines (time, level, logger, message, [fields]) or JSON lines.
 
@@ -168,5 +171,10 @@ def configure_logging(log_format: str = "text", level: int = logging.WARNING) ->
     else:
         raise ValueError(f"log format must be 'text' or 'json', not {log_format!r}")
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    # Replace only a handler an earlier call installed: one the embedding program (or a test
+    # runner) put on the root logger stays.
+    for old in [h for h in root.handlers if getattr(h, _OURS, False)]:
+        root.removeHandler(old)
+    setattr(handler, _OURS, True)
+    root.addHandler(handler)
     root.setLevel(level)
