@@ -36,7 +36,7 @@ case "$job" in
     exec .venv/bin/stickless serve "$@"
     ;;
   test)
-    .venv/bin/ruff check stickless tests
+    .venv/bin/ruff check stickless tests examples
     .venv/bin/mypy stickless
     exec .venv/bin/python -m pytest -q "$@"
     ;;

@@ -484,3 +484,18 @@ def test_items_round_trip_through_transcript_entries() -> None:
         "content": "hi",
     }
     assert entry_item(TranscriptEntry(role="note", content="x")) is None
+
+
+async def test_the_example_runs_three_turns_offline(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    from examples.openai_agents_app import main
+
+    await main()
+    printed = capsys.readouterr().out
+    assert "[get_weather {'city': 'Oslo'}] [-> It is sunny in Oslo.]" in printed
+    # The third turn, on the third node, still knew the first two
+    assert "(offline, message 3 of this session) You said: Thanks!" in printed
+    ran_on = [line.split()[-1] for line in printed.splitlines() if "(ran on" in line]
+    assert len(set(ran_on)) == 3
