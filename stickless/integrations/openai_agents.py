@@ -50,7 +50,6 @@ from .._session import LiveSession, TurnContext, TurnEnding
 from .._types import (
     WIRE_INT_MAX,
     WIRE_INT_MIN,
-    CommittedEntry,
     MediaPart,
     TranscriptEntry,
     TurnOutput,
@@ -213,16 +212,15 @@ class TranscriptSession:
         self._staged: list[TResponseInputItem] = []
         self._turn: TurnContext | None = None
 
-    async def begin(self, turn: TurnContext) -> list[CommittedEntry]:
+    async def begin(self, turn: TurnContext) -> None:
         """Bring the cache up to the committed history (reading only what is new) and take
-        writes for `turn`; returns the entries read."""
+        writes for `turn`."""
         self._staged = []  # an ending never told leaves them to be read back below
         added = await turn.transcript.load(after=self.version)
         self._history.extend(item for item in map(entry_item, added) if item is not None)
         self.version = turn.transcript.version or 0
         self._pending = []
         self._turn = turn
-        return added
 
     async def finish(self) -> None:
         """Stage the turn's items on its transcript (they commit with the turn's outcome)."""
@@ -312,7 +310,6 @@ class OpenAIAgentsSession:
                 # A NOW message arrived: the run stopped after its model turn (and tools);
                 # continue in this turn with the history plus the new message.
                 next_input, self._injected = self._injected, []
-            self._accepting = False
             return TurnOutput(text=_output_text(result.final_output))
         finally:
             self._accepting = False
