@@ -499,3 +499,19 @@ async def test_the_example_runs_three_turns_offline(
     assert "(offline, message 3 of this session) You said: Thanks!" in printed
     ran_on = [line.split()[-1] for line in printed.splitlines() if "(ran on" in line]
     assert len(set(ran_on)) == 3
+
+
+async def test_a_user_interrupt_commits_what_the_run_had_added_when_partials_are_kept() -> None:
+    model = FakeModel([Reply("Once upon a time", gate=asyncio.Event()), Reply("Hello.")])
+    opener = _opener(model)
+    async with LocalCluster(2, opener=opener, commit_partial_on_interrupt=True, **FAST) as cluster:
+        a, b = cluster.nodes
+        disp = await a.submit(_req("Tell me a story"))
+        await model.waiting.wait()
+        assert await b.interrupt("s1", reason="USER")
+        assert await failure_code(disp.result) is FailureCode.INTERRUPTED
+        await (await b.submit(_req("Hi"))).result
+        entries = await b.transcript("s1")
+    # The SDK had saved the user's message when the run began; the reply was cut off unsaved
+    assert [(e.content, e.partial) for e in entries[:1]] == [("Tell me a story", True)]
+    assert _said(model.inputs[1]) == [("user", "Tell me a story"), ("user", "Hi")]
