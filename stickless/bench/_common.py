@@ -101,21 +101,26 @@ class ClientGauge:
         self._every = every
         self.peak = 0
         self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
 
     async def __aenter__(self) -> ClientGauge:
         self._task = asyncio.get_running_loop().create_task(self._sample())
         return self
 
     async def _sample(self) -> None:
-        while True:
+        while not self._stop.is_set():
             info = await self._client.info("clients")
             self.peak = max(self.peak, int(info.get("connected_clients", 0)))
-            await asyncio.sleep(self._every)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self._every)
 
     async def __aexit__(self, *exc: object) -> None:
+        # Told to stop, never cancelled: on Python 3.11 redis-py writes a command under
+        # asyncio.wait_for, which swallows a cancel landing just after the write finished, and
+        # the sampler then sampled forever while this exit waited for it (the bench hung).
+        self._stop.set()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(BaseException):
+            with contextlib.suppress(Exception):
                 await self._task
         await self._client.aclose()
 
