@@ -227,3 +227,25 @@ async def test_a_collect_retried_after_a_lost_reply_loses_nothing(
     assert [t for t in journal.texts("s1") if t.startswith("queued")] == [
         f"queued {n}" for n in range(3)
     ]
+
+
+async def test_a_same_key_retry_whose_reserve_reply_comes_after_the_answer_gets_it(
+    start: Start, fault_proxy: FaultProxy, journal: Journal
+) -> None:
+    node = await start(fault_proxy.url())
+    gate = journal.gate("long")
+    first = await node.submit(req("s1", "long", idempotency_key="k"))
+    await journal.entered["long"].wait()
+    # Given a same-key retry on the turn's holder whose reserve runs on the server while the
+    # turn is in flight, and whose reply (saying so) is held back
+    held = fault_proxy.hold_reply(script="idem_put", seconds=None)
+    retrying = asyncio.ensure_future(node.submit(req("s1", "long", idempotency_key="k")))
+    await held.wait_fired()
+    # When the turn is answered before that reply comes in
+    gate.set()
+    assert (await first.result).text == "echo:long"
+    held.release()
+    retry = await retrying
+    # Then the retry follows that turn and gets its answer too (hang guard only)
+    assert retry.attached and retry.turn_id == first.turn_id
+    assert (await asyncio.wait_for(retry.result, 10.0)).text == "echo:long"
