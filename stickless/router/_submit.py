@@ -243,7 +243,11 @@ class Submitter(SessionPart):
         ):
             return False
         found = await quiet(idem.find(session_id, key))
-        return found is not None and found.turn_id == turn_id and found.holder != self._node_id
+        if found is None or found.turn_id != turn_id:
+            return False
+        # A withdrawal whose reply was lost may have run all the same: then it never runs, and a
+        # holderless reservation holding that answer was withdrawn here, not taken by a holder.
+        return found.outcome != withdrawn and found.holder != self._node_id
 
     def _follow_unknown(
         self, work: TurnWork, future: asyncio.Future[TurnResult]
