@@ -198,8 +198,7 @@ def judge_forward(forward: Forward, found: Reservation | None) -> Outcome | None
 
 
 def judge_turn(turn_id: str, found: Reservation | None) -> Outcome | None:
-    """The answer a follower of `turn_id` gets from the reservation its key holds now; None:
-    keep waiting."""
+    """The answer a follower of `turn_id` gets from its key's reservation; None: keep waiting."""
     if found is None:
         # Within forward_ttl a reservation only vanishes when its submit was refused
         # (discarded) or its entry was unreadable: nothing will run; say so now.

@@ -343,18 +343,17 @@ class Submitter(SessionPart):
     async def _catch_up(
         self, session_id: str, existing: Reservation, future: asyncio.Future[TurnResult]
     ) -> None:
-        """Settle a local follower from the store if the turn was answered before it followed.
-
-        The reserve read the turn in flight, but its answer may have been announced here while
-        that reply was on its way (a slow or resent reply): the turn's callers were resolved
-        before this one joined them, and a local follower has no forward poll or deadline to
-        learn it later. Registered first, then read, it misses nothing: an answer recorded
-        before the read is found by it, one announced after the follow reaches the follower.
+        """Settle a local follower with an answer the turn got before it followed, if any.
 
         Raises:
             BackendUnavailableError: the store could not be read (the follower is dropped: a
                 retry with the key attaches again).
         """
+        # The reserve read the turn in flight, but its answer may have been announced here
+        # while that reply was on its way (slow, or resent after a lost one): its callers were
+        # resolved before this one joined them, and a local follower has no forward poll or
+        # deadline to learn it later. Followed first, then read, it misses nothing: an answer
+        # recorded before the read is found by it, one announced after the follow reaches it.
         try:
             found = await io(self._backends.idempotency.find(session_id, existing.key))
         except BaseException:
