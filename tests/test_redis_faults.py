@@ -205,6 +205,31 @@ async def test_a_delivery_whose_outcome_is_unknown_is_not_refused_if_it_may_run(
         assert (await disposition_or_error.result).text == "echo:maybe"
 
 
+async def test_a_submit_whose_withdrawal_ran_although_its_reply_was_lost_is_refused(
+    start: Start, fault_proxy: FaultProxy, redis_url: str, journal: Journal
+) -> None:
+    holder = await start(redis_url)
+    submitter = await start(fault_proxy.url())
+    gate = journal.gate("busy")
+    busy = await holder.submit(req("s1", "busy"))
+    await journal.entered["busy"].wait()
+    # Given a submit whose reserve queues the message for the busy holder, with the reply and
+    # redis-py's resend both cut, and whose withdrawal of it (the server runs it: the message is
+    # withdrawn) loses its replies the same way
+    fault_proxy.cut_after(script="idem_put", times=2)
+    withdrawal = fault_proxy.cut_after(script="idem_reset", times=2)
+    # Then the submit is refused, as a withdrawn one is, not followed as if a holder took it...
+    with pytest.raises(BackendUnavailableError):
+        await submitter.submit(req("s1", "maybe", idempotency_key="k"))
+    assert withdrawal.count == 2
+    # ...and the message never runs
+    gate.set()
+    await busy.result
+    for text in ("after", "after again"):  # (turns run in order: anything queued ran by then)
+        await (await holder.submit(req("s1", text))).result
+    assert journal.texts("s1") == ["busy", "after", "after again"]
+
+
 async def test_a_collect_retried_after_a_lost_reply_loses_nothing(
     start: Start, fault_proxy: FaultProxy, redis_url: str, journal: Journal
 ) -> None:
@@ -227,3 +252,25 @@ async def test_a_collect_retried_after_a_lost_reply_loses_nothing(
     assert [t for t in journal.texts("s1") if t.startswith("queued")] == [
         f"queued {n}" for n in range(3)
     ]
+
+
+async def test_a_same_key_retry_whose_reserve_reply_comes_after_the_answer_gets_it(
+    start: Start, fault_proxy: FaultProxy, journal: Journal
+) -> None:
+    node = await start(fault_proxy.url())
+    gate = journal.gate("long")
+    first = await node.submit(req("s1", "long", idempotency_key="k"))
+    await journal.entered["long"].wait()
+    # Given a same-key retry on the turn's holder whose reserve runs on the server while the
+    # turn is in flight, and whose reply (saying so) is held back
+    held = fault_proxy.hold_reply(script="idem_put", seconds=None)
+    retrying = asyncio.ensure_future(node.submit(req("s1", "long", idempotency_key="k")))
+    await held.wait_fired()
+    # When the turn is answered before that reply comes in
+    gate.set()
+    assert (await first.result).text == "echo:long"
+    held.release()
+    retry = await retrying
+    # Then the retry follows that turn and gets its answer too (hang guard only)
+    assert retry.attached and retry.turn_id == first.turn_id
+    assert (await asyncio.wait_for(retry.result, 10.0)).text == "echo:long"

@@ -194,18 +194,21 @@ def expired(forward: Forward, now: float, forward_ttl: float) -> Outcome | None:
 
 def judge_forward(forward: Forward, found: Reservation | None) -> Outcome | None:
     """The answer a forward gets from what the idempotency store holds; None: keep waiting."""
+    return judge_turn(forward.turn_id, found)
+
+
+def judge_turn(turn_id: str, found: Reservation | None) -> Outcome | None:
+    """The answer a follower of `turn_id` gets from its key's reservation; None: keep waiting."""
     if found is None:
         # Within forward_ttl a reservation only vanishes when its submit was refused
         # (discarded) or its entry was unreadable: nothing will run; say so now.
         return Outcome.failure(
-            forward.turn_id,
+            turn_id,
             FailureCode.FAILED,
             "the request was refused before it was queued; retry it",
         )
-    if found.turn_id != forward.turn_id:
-        return Outcome.failure(
-            forward.turn_id, FailureCode.FAILED, "the turn's reservation was superseded"
-        )
+    if found.turn_id != turn_id:
+        return Outcome.failure(turn_id, FailureCode.FAILED, "the turn's reservation was superseded")
     return found.outcome
 
 

@@ -33,7 +33,7 @@ from ..backends.base import (
 from ..wire import Outcome
 from ._api import SubmitDisposition, SubmitKind
 from ._background import io, quiet
-from ._callers import Forward, settle
+from ._callers import Forward, judge_turn, settle
 from ._keys import in_flight_ttl, queued_staleness, reservation_key
 from ._session_part import SessionPart
 
@@ -243,7 +243,11 @@ class Submitter(SessionPart):
         ):
             return False
         found = await quiet(idem.find(session_id, key))
-        return found is not None and found.turn_id == turn_id and found.holder != self._node_id
+        if found is None or found.turn_id != turn_id:
+            return False
+        # A withdrawal whose reply was lost may have run all the same: then it never runs, and a
+        # holderless reservation holding that answer was withdrawn here, not taken by a holder.
+        return found.outcome != withdrawn and found.holder != self._node_id
 
     def _follow_unknown(
         self, work: TurnWork, future: asyncio.Future[TurnResult]
@@ -311,13 +315,18 @@ class Submitter(SessionPart):
     ) -> SubmitDisposition:
         """Same key, same input, in flight: follow the original turn (no new turn).
 
-        A turn this node runs is followed like a local one (this node answers it); one running
-        elsewhere is followed as a forward, with a deadline.
+        A turn this node runs is followed like a local one (this node answers it, and the
+        store is read once more for an answer given meanwhile); one running elsewhere is
+        followed as a forward, with a deadline.
+
+        Raises:
+            BackendUnavailableError: the store could not be read again for a turn run here.
         """
         self._callers.remove(turn_id, future)
         actor = self._sessions.get(req.session_id)
         if existing.holder == self._node_id and actor is not None and actor.lease is not None:
             self._callers.follow(existing.turn_id, future, req.session_id, forwarded=False)
+            await self._catch_up(req.session_id, existing, future)
             kind = SubmitKind.EXECUTED_LOCALLY
         else:
             token = await self._running_token(req.session_id)
@@ -330,6 +339,30 @@ class Submitter(SessionPart):
         return self._disposition(
             kind, req.session_id, existing.turn_id, future, attached=True, earlier=existing
         )
+
+    async def _catch_up(
+        self, session_id: str, existing: Reservation, future: asyncio.Future[TurnResult]
+    ) -> None:
+        """Settle a local follower with an answer the turn got before it followed, if any.
+
+        Raises:
+            BackendUnavailableError: the store could not be read (the follower is dropped: a
+                retry with the key attaches again).
+        """
+        # The reserve read the turn in flight, but its answer may have been announced here
+        # while that reply was on its way (slow, or resent after a lost one): its callers were
+        # resolved before this one joined them, and a local follower has no forward poll or
+        # deadline to learn it later. Followed first, then read, it misses nothing: an answer
+        # recorded before the read is found by it, one announced after the follow reaches it.
+        try:
+            found = await io(self._backends.idempotency.find(session_id, existing.key))
+        except BaseException:
+            self._callers.remove(existing.turn_id, future)
+            raise
+        answer = judge_turn(existing.turn_id, found)
+        if answer is not None:
+            settle(future, session_id, answer)
+            self._callers.remove(existing.turn_id, future)
 
     def _disposition(
         self,
