@@ -77,18 +77,23 @@ if not r or r.turn ~= ARGV[2] or r.state ~= 'IN_FLIGHT' or (r.holder and r.holde
   end
   return {0}
 end
+local exp_at = t + tonumber(ARGV[5])
+local recorded = {'state', ARGV[3], 'outcome', ARGV[4], 'touched', fmt(t), 'exp', fmt(exp_at)}
 local version = ''
 if ARGV[14] ~= '' then
+  -- The transcript's length is its version: the last RPUSH answers it (LLEN for no entries).
   local batch = 1000
   for first = 16, frames_at - 1, batch do
-    redis.call('RPUSH', KEYS[3], unpack(ARGV, first, math.min(first + batch - 1, frames_at - 1)))
+    version = redis.call('RPUSH', KEYS[3],
+      unpack(ARGV, first, math.min(first + batch - 1, frames_at - 1)))
   end
-  version = redis.call('LLEN', KEYS[3])
-  redis.call('HSET', KEYS[1], 'ver', version)
+  if entries == 0 then
+    version = redis.call('LLEN', KEYS[3])
+  end
+  table.insert(recorded, 'ver')
+  table.insert(recorded, version)
 end
-local exp_at = t + tonumber(ARGV[5])
-redis.call('HSET', KEYS[1], 'state', ARGV[3], 'outcome', ARGV[4], 'touched', fmt(t),
-  'exp', fmt(exp_at))
+redis.call('HSET', KEYS[1], unpack(recorded))
 expire_at(KEYS[1], exp_at)
 if ARGV[7] ~= '' and redis.call('HEXISTS', KEYS[4], ARGV[7]) == 0 then
   redis.call('HSET', KEYS[4], ARGV[7], letter_stamp(ARGV[8], t))
