@@ -81,7 +81,7 @@ class TraceContext(BaseModel):
 
     def child(self) -> TraceContext:
         """A new span in the same trace."""
-        return TraceContext(trace_id=self.trace_id, span_id=new_span_id(), sampled=self.sampled)
+        return _made(self.trace_id, new_span_id(), self.sampled)
 
 
 def new_trace_id() -> str:
@@ -90,6 +90,19 @@ def new_trace_id() -> str:
 
 def new_span_id() -> str:
     return os.urandom(8).hex()
+
+
+def _made(trace_id: str, span_id: str, sampled: bool) -> TraceContext:
+    """A context of ids made here or by a valid OpenTelemetry span: valid by construction, so
+    not validated again (a submit and a turn each make one)."""
+    return TraceContext.model_construct(trace_id=trace_id, span_id=span_id, sampled=sampled)
+
+
+def _of_span(ids: Any) -> TraceContext:
+    """The context of a valid OpenTelemetry `SpanContext`."""
+    return _made(
+        format(ids.trace_id, "032x"), format(ids.span_id, "016x"), bool(ids.trace_flags & _SAMPLED)
+    )
 
 
 def coerce_trace(value: Any) -> Any:
@@ -183,7 +196,7 @@ class Tracing:
                 return span
         if parent is not None:
             return _IdSpan(parent.child())
-        return _IdSpan(TraceContext(trace_id=new_trace_id(), span_id=new_span_id()))
+        return _IdSpan(_made(new_trace_id(), new_span_id(), True))
 
     def _current(self) -> TraceContext | None:
         """The caller's current OpenTelemetry span as a parent (None: there is none)."""
@@ -191,13 +204,7 @@ class Tracing:
             ids = self._otel.get_current_span().get_span_context()
         except Exception:
             return None
-        if not ids.is_valid:
-            return None
-        return TraceContext(
-            trace_id=format(ids.trace_id, "032x"),
-            span_id=format(ids.span_id, "016x"),
-            sampled=bool(ids.trace_flags & _SAMPLED),
-        )
+        return _of_span(ids) if ids.is_valid else None
 
     def _start_otel(
         self,
@@ -227,11 +234,4 @@ class Tracing:
         if not span.is_recording() or not ids.is_valid:
             span.end()
             return None
-        return _OtelSpan(
-            span,
-            TraceContext(
-                trace_id=format(ids.trace_id, "032x"),
-                span_id=format(ids.span_id, "016x"),
-                sampled=bool(ids.trace_flags & _SAMPLED),
-            ),
-        )
+        return _OtelSpan(span, _of_span(ids))
