@@ -547,7 +547,7 @@ class TurnOutcomes(RouterPart):
                     stale.turn_id,
                     lost,
                     stale.holder,
-                    TraceContext.lenient(stale.traceparent),
+                    stale.trace,
                 )
                 return
         # Named by its decider, so two sweepers never write the same outcome (a reset that finds
@@ -586,7 +586,6 @@ class TurnOutcomes(RouterPart):
         self._metrics.emit("on_holder_loss", session_id, turn_id)
         ran = max(0.0, time.time() - stale.touched_at)  # (the store's clock: an estimate)
         self._ended(session_id, turn_id, outcome, ran)
-        trace = TraceContext.lenient(stale.traceparent)
-        frame = lost_frame(session_id, turn_id, stale.holder or "", outcome.message, trace)
+        frame = lost_frame(session_id, turn_id, stale.holder or "", outcome.message, stale.trace)
         await self._control.deliver_frames(session_id, [frame])
         await self.announce(session_id, stale.key, outcome)

@@ -377,7 +377,7 @@ class Submitter(SessionPart):
     ) -> SubmitDisposition:
         """The answer of a submit; one that follows an `earlier` turn names that turn's trace."""
         self._metrics.emit("on_submit", session_id, kind.value)
-        trace = None if earlier is None else TraceContext.lenient(earlier.traceparent)
+        trace = None if earlier is None else earlier.trace
         return SubmitDisposition(
             kind, session_id, turn_id, self._node_id, future, message_id, attached, trace
         )

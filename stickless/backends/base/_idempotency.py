@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..._trace import TraceContext
 from ...wire import Outcome
 
 
@@ -41,6 +42,11 @@ class Reservation:
     #: The W3C traceparent of the submit that made it ('' for none): a node that ends the turn
     #: for a lost holder names the turn's trace in its frames.
     traceparent: str = ""
+
+    @property
+    def trace(self) -> TraceContext | None:
+        """The submit's trace context, or None (none recorded, or unreadable)."""
+        return TraceContext.lenient(self.traceparent)
 
 
 @dataclass(frozen=True, slots=True)
