@@ -34,26 +34,31 @@ def test_the_pydantic_ai_example_runs_three_turns_on_three_nodes() -> None:
     assert "2 message(s) before it" in lines[2]
 
 
-@pytest.mark.timeout(90)
-def test_the_pydantic_ai_example_serves_over_http(tmp_path: Path) -> None:
+def _served_turns(tmp_path: Path, opener: str, texts: list[str]) -> list[str]:
+    """The answers of `texts`, one turn each of one session, from a real `stickless serve`
+    running `opener` (stopped by its pid)."""
     port = free_port()
-    log = tmp_path / "serve.log"
-    opener = "examples.pydantic_ai_app:make_opener"
     args = [sys.executable, "-m", "stickless", "serve", "--port", str(port), "--opener", opener]
-    process = _spawn(args, log)
+    process = _spawn(args, tmp_path / "serve.log")
     try:
-        _ready_line(process, "stickless serve", log)
+        _ready_line(process, "stickless serve", tmp_path / "serve.log")
         url = f"http://127.0.0.1:{port}/v1/sessions/chat/turns"
-        texts = []
-        for text in ("hello", "and again"):
+        answers = []
+        for text in texts:
             accepted = httpx.post(url, json={"agent_ref": "assistant", "input": text})
             assert accepted.status_code == 202, accepted.text
             location = f"http://127.0.0.1:{port}{accepted.headers['location']}"
             view = httpx.get(location, params={"wait": 30}, timeout=40).json()
             assert view["state"] == "completed", view
-            texts.append(view["result"]["text"].strip())
+            answers.append(view["result"]["text"].strip())
     finally:
         _stop(process, signal.SIGTERM)
+    return answers
+
+
+@pytest.mark.timeout(90)
+def test_the_pydantic_ai_example_serves_over_http(tmp_path: Path) -> None:
+    texts = _served_turns(tmp_path, "examples.pydantic_ai_app:make_opener", ["hello", "and again"])
     assert texts == [
         "You said 'hello'; 0 message(s) before it.",
         "You said 'and again'; 1 message(s) before it.",
@@ -62,24 +67,8 @@ def test_the_pydantic_ai_example_serves_over_http(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(90)
 def test_the_openai_agents_example_serves_over_http(tmp_path: Path) -> None:
-    port = free_port()
-    log = tmp_path / "serve.log"
-    opener = "examples.openai_agents_app:make_opener"
-    args = [sys.executable, "-m", "stickless", "serve", "--port", str(port), "--opener", opener]
-    process = _spawn(args, log)
-    try:
-        _ready_line(process, "stickless serve", log)
-        url = f"http://127.0.0.1:{port}/v1/sessions/chat/turns"
-        texts = []
-        for text in ("Hello, I am Ann.", "What is the weather in Oslo?", "Thanks!"):
-            accepted = httpx.post(url, json={"agent_ref": "assistant", "input": text})
-            assert accepted.status_code == 202, accepted.text
-            location = f"http://127.0.0.1:{port}{accepted.headers['location']}"
-            view = httpx.get(location, params={"wait": 30}, timeout=40).json()
-            assert view["state"] == "completed", view
-            texts.append(view["result"]["text"].strip())
-    finally:
-        _stop(process, signal.SIGTERM)
+    asked = ["Hello, I am Ann.", "What is the weather in Oslo?", "Thanks!"]
+    texts = _served_turns(tmp_path, "examples.openai_agents_app:make_opener", asked)
     assert texts[0] == "(offline, message 1 of this session) You said: Hello, I am Ann."
     assert "sunny in Oslo" in texts[1]  # the weather tool ran
     assert texts[2] == "(offline, message 3 of this session) You said: Thanks!"
