@@ -26,6 +26,7 @@ async def run_node(
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
     allow_evicting_redis: bool = False,
+    redis_ca: str | None = None,
 ) -> int:
     """Serve until SIGTERM/SIGINT or a `shutdown` request, then close gracefully; with
     `metrics_port`, the router's Prometheus metrics at `http://metrics_host:metrics_port/metrics`.
@@ -39,7 +40,10 @@ async def run_node(
         node_id=node_id, mode=DeploymentMode.DISTRIBUTED, **(config_overrides or {})
     )
     backends = RedisBackends.from_url(
-        redis_url, namespace=namespace, allow_evicting_redis=allow_evicting_redis
+        redis_url,
+        namespace=namespace,
+        allow_evicting_redis=allow_evicting_redis,
+        ssl_ca_certs=redis_ca,
     )
     metrics = None
     if metrics_port is not None:
@@ -105,5 +109,6 @@ def main_node(args: Any) -> int:
             metrics_port=args.metrics_port,
             metrics_host=args.metrics_host,
             allow_evicting_redis=args.redis_allow_eviction,
+            redis_ca=args.redis_ca,
         )
     )

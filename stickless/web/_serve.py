@@ -36,6 +36,7 @@ class ServeOptions:
 
     redis_url: str | None = None
     allow_evicting_redis: bool = False
+    redis_ca: str | None = None
     namespace: str = "stickless"
     opener: str = DEFAULT_OPENER
     host: str = "127.0.0.1"
@@ -100,6 +101,7 @@ def build_router(
             options.redis_url,
             namespace=options.namespace,
             allow_evicting_redis=options.allow_evicting_redis,
+            ssl_ca_certs=options.redis_ca,
         )
     router = SessionRouter.build(config=config, opener=opener, backends=backends, metrics=metrics)
     return router, backends

@@ -40,6 +40,8 @@ from ._scripts import Scripts
 from ._server import (
     EvictingRedisError,
     EvictionVerdict,
+    check_access,
+    check_ca_file,
     connect_check,
     eviction_message,
     eviction_warning,
@@ -169,6 +171,7 @@ class RedisBackends:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         pool_timeout: float = DEFAULT_POOL_TIMEOUT,
         allow_evicting_redis: bool = False,
+        ssl_ca_certs: str | None = None,
         **client_options: Any,
     ) -> RedisBackends:
         """A bundle over the server at `url` (`redis://`, `rediss://` with TLS options, `unix://`;
@@ -187,6 +190,10 @@ class RedisBackends:
         unless `allow_evicting_redis` accepts the risk (a completed turn may then run again, and
         a transcript may vanish).
 
+        TLS: a `rediss://` URL, with `ssl_ca_certs` naming the CA file that signed the server's
+        certificate (redis-py also reads `?ssl_ca_certs=FILE` from the URL). An ACL user (the
+        URL's `user:password@`) needs the rule `acl_rule` gives; `verify()` probes it.
+
         Retention (every per-session key has one; see the README section "Redis memory and
         retention" for the full key inventory; Redis >= 7.0 is required):
 
@@ -204,6 +211,8 @@ class RedisBackends:
         """
         if max_connections < 1 or pool_timeout <= 0:
             raise ValueError("max_connections must be >= 1 and pool_timeout > 0")
+        if ssl_ca_certs is not None:
+            client_options["ssl_ca_certs"] = check_ca_file(url, ssl_ca_certs)
         options: dict[str, Any] = {
             "max_connections": max_connections,
             "pool_timeout": pool_timeout,
@@ -239,16 +248,19 @@ class RedisBackends:
         )
 
     async def verify(self) -> tuple[str, ...]:
-        """Check that the server keeps every key stickless writes; the warnings to report.
+        """Check that this user may do what stickless does and that the server keeps every key
+        stickless writes; the warnings to report.
 
         Raises:
-            StoreMisconfiguredError: the server may evict keys and that was not allowed.
+            StoreMisconfiguredError: the user lacks a permission (or its password is wrong), or
+                the server may evict keys and that was not allowed.
         """
+        await check_access(self.client, self.keys)
         try:
             policy = parse_policy(await self.client.info("memory"))
         except EvictingRedisError as exc:
             raise StoreMisconfiguredError(str(exc)) from exc
-        except ResponseError:  # INFO renamed or denied to this user
+        except ResponseError:  # INFO renamed
             policy = None
         verdict = judge_eviction_policy(policy, self.allow_evicting_redis)
         if verdict is EvictionVerdict.REFUSED:

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import enum
+import os
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
 
+from ..._errors import StoreMisconfiguredError
 from ..._logs import get_logger
+from ._keys import Keys
 
 log = get_logger("stickless.redis")
 
@@ -106,3 +111,46 @@ def connect_check(allowed: bool) -> Callable[[AbstractConnection], Awaitable[Non
             raise EvictingRedisError(message)
 
     return on_connect
+
+
+def check_ca_file(url: str, path: str) -> str:
+    """`path` as the CA file of a TLS connection to `url`.
+
+    Raises:
+        ValueError: `url` is not `rediss://`, or `path` is no readable file.
+    """
+    if not url.startswith("rediss://"):
+        raise ValueError(f"ssl_ca_certs needs a rediss:// URL (TLS), not {url.partition(':')[0]}://")
+    if not os.access(path, os.R_OK) or not os.path.isfile(path):
+        raise ValueError(f"ssl_ca_certs: {path!r} is not a readable file")
+    return path
+
+
+def acl_rule(keys: Keys) -> str:
+    """The ACL rule a Redis user of namespace `keys` needs (the README shows it)."""
+    ns = keys.namespace
+    return f"~{ns}:* ~{{{ns}:s:* &{ns}:* +@all -@dangerous +info"
+
+
+async def check_access(client: Redis, keys: Keys) -> None:
+    """Probe, with the bundle's own user, every kind of access stickless needs: a key of each
+    pattern, a channel, a script, INFO (each probe key expires at once).
+
+    Raises:
+        StoreMisconfiguredError: the server refused the user (its password, or a permission).
+    """
+    probe = uuid.uuid4().hex
+    try:
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.set(f"{keys.namespace}:probe:{probe}", 1, px=1)
+            pipe.set(f"{keys.tag(probe)}:probe", 1, px=1)
+            pipe.publish(f"{keys.namespace}:probe", b"")
+            pipe.eval("return 1", 0)
+            pipe.info("memory")
+            await pipe.execute()
+    except (AuthenticationError, NoPermissionError) as exc:
+        raise StoreMisconfiguredError(
+            f"the Redis server refused this user ({type(exc).__name__}: {exc}); a user of "
+            f"namespace {keys.namespace!r} needs the ACL rule `{acl_rule(keys)}` "
+            "(README: Redis, TLS and ACL users)"
+        ) from exc
