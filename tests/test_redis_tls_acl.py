@@ -100,3 +100,11 @@ def test_serve_runs_turns_over_tls_as_the_namespace_user(tls_redis: TlsRedis) ->
         node.terminate()
         node.communicate(timeout=30)
     assert node.returncode == 0
+
+
+def test_the_readme_shows_the_acl_rule_a_node_asks_for() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    shown = f"ACL SETUSER stickless on >PASSWORD {acl_rule(Keys('stickless'))}"
+    assert shown in readme
