@@ -9,10 +9,12 @@ cd "$(dirname "$0")/.."
 job="${1:-test}"
 shift || true
 
-# The tests start their own redis-server, haproxy and headless Chromium (Debian's chromium and
-# chromium-driver); install what is missing (CI runs as root).
+# The tests start their own redis-server (also with TLS: openssl makes its certificates), haproxy
+# and headless Chromium (Debian's chromium and chromium-driver); install what is missing (CI runs
+# as root).
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 [ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null 2>&1 || missing+=(haproxy)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)

@@ -70,6 +70,11 @@ class BackendUnavailableError(SticklessError):
     """A shared backend could not be reached (HTTP 503); nothing was reserved."""
 
 
+class StoreMisconfiguredError(SticklessError):
+    """The store is set up so that stickless's guarantees would not hold (the message names the
+    setting and the fix); the router refuses to start on it."""
+
+
 class RouterClosedError(SticklessError):
     """The router is closed or was killed; it accepts no more work."""
 

@@ -77,6 +77,11 @@ class SessionMetrics(Protocol):
         entries, and the longest any of them has waited (None when none is pending)."""
         ...
 
+    def on_store_warnings(self, count: int) -> None:
+        """At start: how many warnings the store reported about its configuration (e.g. an
+        evicting Redis the operator allowed; `router.store_warnings` has their text)."""
+        ...
+
 
 class NoopMetrics:
     """The default: every hook does nothing."""
@@ -129,6 +134,9 @@ class NoopMetrics:
     def on_pending_gauge(
         self, node_id: str, sessions: int, pending: int, oldest_idle: float | None
     ) -> None:
+        return None
+
+    def on_store_warnings(self, count: int) -> None:
         return None
 
 

@@ -64,6 +64,21 @@ def _timeout_option(parser: argparse.ArgumentParser, default: float, what: str) 
     )
 
 
+def _redis_server_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--redis-ca",
+        default=None,
+        metavar="FILE",
+        help="CA file that signed the Redis server's TLS certificate (with a rediss:// URL)",
+    )
+    parser.add_argument(
+        "--redis-allow-eviction",
+        action="store_true",
+        help="start although Redis's maxmemory-policy may evict keys (a completed turn may then "
+        "run again; warned at every start and shown by /readyz)",
+    )
+
+
 #: The URL forms `--redis` takes.
 _REDIS_URL = "redis:// or rediss:// URL"
 #: Ray namespace and Redis key prefix of a deployment.
@@ -203,6 +218,7 @@ def _add_node(subcommands: Subcommands) -> None:
         "when up; SIGTERM closes it gracefully.",
     )
     _redis_option(parser, required=True, help=_REDIS_URL)
+    _redis_server_options(parser)
     parser.add_argument("--node-id", required=True, help="this node's unique id")
     _opener_option(
         parser, "import path of a LiveSessionOpener, or of a zero-argument factory of one"
@@ -234,6 +250,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     options = ServeOptions(
         redis_url=args.redis,
+        allow_evicting_redis=args.redis_allow_eviction,
+        redis_ca=args.redis_ca,
         namespace=args.namespace,
         opener=args.opener,
         host=args.host,
@@ -256,6 +274,7 @@ def _add_serve(subcommands: Subcommands) -> None:
         "Prints 'READY <port> <node id>' when up; SIGTERM shuts it down gracefully.",
     )
     _redis_option(parser, required=False, help=f"{_REDIS_URL} (default: memory, one node)")
+    _redis_server_options(parser)
     _namespace_option(parser, "Redis key prefix")
     parser.add_argument(
         "--opener",

@@ -110,8 +110,11 @@ class RedisServer:
         executable: str = "redis-server",
         start_timeout: float = REDIS_START_TIMEOUT,
         stop_timeout: float = REDIS_STOP_TIMEOUT,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.directory = Path(directory)
+        #: Further configuration directives (`--tls-port`, `--user`, ...) after the defaults.
+        self.extra_args = tuple(extra_args)
         self.port = port or free_port()
         self.appendonly = appendonly
         self.password = password
@@ -157,6 +160,7 @@ class RedisServer:
             "--dir", str(self.directory),
             "--logfile", str(self.directory / "redis.log"),
             *(["--requirepass", self.password] if self.password else []),
+            *self.extra_args,
         ]  # fmt: skip
         self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + self.start_timeout

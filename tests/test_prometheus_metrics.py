@@ -41,6 +41,7 @@ HOOKS: list[tuple[str, tuple[Any, ...], str, dict[str, str], float]] = [
     ("on_reclaimed", ("s1", 2), "reclaimed_total", {}, 2),
     ("on_retried", ("s1", "t1", 2), "retries_total", {}, 1),
     ("on_dead_lettered", ("s1", "t1", "failed 3 attempt(s)"), "dead_letters_total", {}, 1),
+    ("on_store_warnings", (1,), "store_warnings", {}, 1),
 ]  # fmt: skip
 
 

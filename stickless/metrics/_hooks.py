@@ -89,6 +89,10 @@ METRICS: Mapping[str, MetricSpec] = {
             "stickless_retries_total", "Turn attempts started again (retry policy, lost holder)"
         ),
         _counter("stickless_dead_letters_total", "Messages kept in the dead-letter store"),
+        _gauge(
+            "stickless_store_warnings",
+            "Warnings the store reported at start (e.g. an evicting Redis allowed; see /readyz)",
+        ),
     )
 }
 
@@ -161,3 +165,6 @@ class MetricHooks(abc.ABC):
         self._set("stickless_sessions_held", sessions)
         self._set("stickless_pending_entries", pending)
         self._set("stickless_oldest_pending_idle_seconds", oldest_idle or 0.0)
+
+    def on_store_warnings(self, count: int) -> None:
+        self._set("stickless_store_warnings", count)

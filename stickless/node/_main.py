@@ -25,6 +25,8 @@ async def run_node(
     config_overrides: dict[str, Any] | None = None,
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
+    allow_evicting_redis: bool = False,
+    redis_ca: str | None = None,
 ) -> int:
     """Serve until SIGTERM/SIGINT or a `shutdown` request, then close gracefully; with
     `metrics_port`, the router's Prometheus metrics at `http://metrics_host:metrics_port/metrics`.
@@ -37,7 +39,12 @@ async def run_node(
     config = RouterConfig(
         node_id=node_id, mode=DeploymentMode.DISTRIBUTED, **(config_overrides or {})
     )
-    backends = RedisBackends.from_url(redis_url, namespace=namespace)
+    backends = RedisBackends.from_url(
+        redis_url,
+        namespace=namespace,
+        allow_evicting_redis=allow_evicting_redis,
+        ssl_ca_certs=redis_ca,
+    )
     metrics = None
     if metrics_port is not None:
         from ..metrics import PrometheusMetrics
@@ -101,5 +108,7 @@ def main_node(args: Any) -> int:
             config_overrides=parse_overrides(args.config),
             metrics_port=args.metrics_port,
             metrics_host=args.metrics_host,
+            allow_evicting_redis=args.redis_allow_eviction,
+            redis_ca=args.redis_ca,
         )
     )

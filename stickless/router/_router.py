@@ -15,7 +15,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from .._config import DeploymentMode, RouterConfig
-from .._errors import BackendUnavailableError, InvalidRequestError, RouterClosedError
+from .._errors import (
+    BackendUnavailableError,
+    InvalidRequestError,
+    RouterClosedError,
+    StoreMisconfiguredError,
+)
 from .._logs import as_node
 from .._metrics import NOOP_METRICS, SafeMetrics, SessionMetrics
 from .._session import FactoryOpener, LiveSession, LiveSessionOpener
@@ -69,6 +74,8 @@ class SessionRouter:
         self._started = False
         self._status_flush: asyncio.TimerHandle | None = None
         self._bg = Background(node_id)
+        self._metrics = SafeMetrics(metrics)
+        self._store_warnings: tuple[str, ...] = ()
         self._renewer = LeaseRenewer(
             backends.clone(),
             node_id,
@@ -86,7 +93,7 @@ class SessionRouter:
             backends,
             self._renewer,
             self._bg,
-            SafeMetrics(metrics),
+            self._metrics,
             self._callers,
             self._board,
             Tracing(tracer_provider),
@@ -192,6 +199,12 @@ class SessionRouter:
         """The lease renewer (diagnostics and failure tests)."""
         return self._renewer
 
+    @property
+    def store_warnings(self) -> tuple[str, ...]:
+        """What the store reported at start as weakening the guarantees (e.g. an evicting Redis
+        the operator allowed); `/readyz` shows them."""
+        return self._store_warnings
+
     def local_sessions(self) -> list[str]:
         """Sessions this node currently holds (has an actor for)."""
         return self._sessions.ids()
@@ -200,11 +213,16 @@ class SessionRouter:
 
     @as_node
     async def start(self) -> None:
-        """Subscribe to the control channel, register this node's incarnation (so it may hold
-        sessions), then start the renewer and the sweeps."""
+        """Check the store's configuration, subscribe to the control channel, register this
+        node's incarnation (so it may hold sessions), then start the renewer and the sweeps.
+
+        Raises:
+            StoreMisconfiguredError: the store cannot keep the guarantees (nothing was started).
+        """
         if self._started:
             return
         self._loop = asyncio.get_running_loop()
+        self._store_warnings = await self._verify_store()
         await self._control.open(self._signal_handlers(), self._resubscribed)
         try:
             await io(self._renewer.register(self._backends))
@@ -213,6 +231,20 @@ class SessionRouter:
         self._started = True
         self._renewer.start()
         self._sweeps.start()
+
+    async def _verify_store(self) -> tuple[str, ...]:
+        """The store's configuration warnings, each logged and counted."""
+        try:
+            warnings = await self._backends.verify()
+        except StoreMisconfiguredError:
+            raise
+        except Exception as exc:  # out of reach: the Redis bundle checks each new connection
+            log.warning("node %s could not check the store's configuration: %s", self._node_id, exc)
+            return ()
+        for warning in warnings:
+            log.warning("store: %s", warning)
+        self._metrics.emit("on_store_warnings", len(warnings))
+        return warnings
 
     @as_node
     async def aclose(self, grace: float = 5.0) -> None:

@@ -71,7 +71,8 @@ def probes_router(router: SessionRouter) -> APIRouter:
         except Exception as exc:
             body = error_body("BACKEND_UNAVAILABLE", f"{type(exc).__name__}: {exc}")
             return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
-        return JSONResponse({"status": "ready", "node_id": router.node_id})
+        body = {"status": "ready", "node_id": router.node_id}
+        return JSONResponse({**body, "warnings": list(router.store_warnings)})
 
     return probes
 

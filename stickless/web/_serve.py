@@ -35,6 +35,8 @@ class ServeOptions:
     """What `stickless serve` was asked for."""
 
     redis_url: str | None = None
+    allow_evicting_redis: bool = False
+    redis_ca: str | None = None
     namespace: str = "stickless"
     opener: str = DEFAULT_OPENER
     host: str = "127.0.0.1"
@@ -95,7 +97,12 @@ def build_router(
         config = RouterConfig(
             node_id=node_id, mode=DeploymentMode.DISTRIBUTED, **options.config_overrides
         )
-        backends = RedisBackends.from_url(options.redis_url, namespace=options.namespace)
+        backends = RedisBackends.from_url(
+            options.redis_url,
+            namespace=options.namespace,
+            allow_evicting_redis=options.allow_evicting_redis,
+            ssl_ca_certs=options.redis_ca,
+        )
     router = SessionRouter.build(config=config, opener=opener, backends=backends, metrics=metrics)
     return router, backends
 

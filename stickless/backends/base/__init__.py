@@ -162,6 +162,15 @@ class Backends(EventRelayPath, Protocol):
         """A bundle over the same data with its own connections (for another thread's loop)."""
         ...
 
+    async def verify(self) -> tuple[str, ...]:
+        """Check, at a router's start, that the store keeps what stickless's guarantees need;
+        the warnings a node should report (logged, counted, shown by `/readyz`).
+
+        Raises:
+            StoreMisconfiguredError: the store is set up so that the guarantees cannot hold.
+        """
+        ...
+
     async def aclose(self) -> None:
         """Close connections this bundle opened."""
         ...

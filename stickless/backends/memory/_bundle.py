@@ -107,6 +107,10 @@ class MemoryBackends:
         """True once `sever()` was called."""
         return self._link.severed
 
+    async def verify(self) -> tuple[str, ...]:
+        """Nothing to check: memory keeps everything until it is removed."""
+        return ()
+
     def clone(self) -> MemoryBackends:
         """This bundle itself: memory needs no per-loop connection, and severing cuts both."""
         return self

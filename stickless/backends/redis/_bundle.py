@@ -11,7 +11,9 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 
+from ..._errors import StoreMisconfiguredError
 from ..._events import Event
 from ..base import (
     DEFAULT_EVENT_LOG_MAX_LEN,
@@ -35,6 +37,17 @@ from ._inbox import RedisInbox
 from ._keys import Keys
 from ._liveness import RedisLiveness
 from ._scripts import Scripts
+from ._server import (
+    EvictingRedisError,
+    EvictionVerdict,
+    check_access,
+    check_ca_file,
+    connect_check,
+    eviction_message,
+    eviction_warning,
+    judge_eviction_policy,
+    parse_policy,
+)
 from ._signals import RedisSignalBus
 from ._stores import RedisLeaseStore, RedisRecordStore, RedisSessionOwners
 
@@ -87,13 +100,19 @@ class RedisBackends:
     hotpath: HotPath
 
     def __init__(
-        self, url: str, namespace: str, retention: Retention, client_options: dict[str, Any]
+        self,
+        url: str,
+        namespace: str,
+        retention: Retention,
+        client_options: dict[str, Any],
+        allow_evicting_redis: bool = False,
     ) -> None:
         """Open a client (connections are made lazily); prefer `from_url`."""
         self._url = url
         self._namespace = namespace
         self.retention = retention
         self._client_options = client_options
+        self.allow_evicting_redis = allow_evicting_redis
         self.keys = Keys(namespace)
         # A blocking pool: callers past `max_connections` wait (up to `pool_timeout`) for a
         # free connection instead of failing at once with "Too many connections", so a burst
@@ -101,8 +120,14 @@ class RedisBackends:
         pool_options = dict(client_options)
         max_connections = int(pool_options.pop("max_connections", DEFAULT_MAX_CONNECTIONS))
         pool_timeout = float(pool_options.pop("pool_timeout", DEFAULT_POOL_TIMEOUT))
+        # Every command connection checks the eviction policy as it connects, so a reconnect
+        # (a restart, a failover) to a server that may evict keys is refused too.
         self._pool = BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=pool_timeout, **pool_options
+            url,
+            max_connections=max_connections,
+            timeout=pool_timeout,
+            redis_connect_func=connect_check(allow_evicting_redis),
+            **pool_options,
         )
         self.client: Redis = Redis(connection_pool=self._pool)
         # The pub/sub connection never retries inside redis-py: its reader reconnects by itself.
@@ -145,6 +170,8 @@ class RedisBackends:
         socket_connect_timeout: float | None = None,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         pool_timeout: float = DEFAULT_POOL_TIMEOUT,
+        allow_evicting_redis: bool = False,
+        ssl_ca_certs: str | None = None,
         **client_options: Any,
     ) -> RedisBackends:
         """A bundle over the server at `url` (`redis://`, `rediss://` with TLS options, `unix://`;
@@ -157,6 +184,15 @@ class RedisBackends:
         outlived a server restart, or one cut after the server ran the command): every script
         stickless sends is safe to run twice. A timeout is not retried. Pass `retry=` to change
         that; other keyword arguments go to `redis.asyncio.BlockingConnectionPool.from_url`.
+
+        The server must not evict keys (`maxmemory-policy noeviction`): `verify()` refuses any
+        other policy, and so does every new command connection (after a restart or a failover),
+        unless `allow_evicting_redis` accepts the risk (a completed turn may then run again, and
+        a transcript may vanish).
+
+        TLS: a `rediss://` URL, with `ssl_ca_certs` naming the CA file that signed the server's
+        certificate (redis-py also reads `?ssl_ca_certs=FILE` from the URL). An ACL user (the
+        URL's `user:password@`) needs the rule `acl_rule` gives; `verify()` probes it.
 
         Retention (every per-session key has one; see the README section "Redis memory and
         retention" for the full key inventory; Redis >= 7.0 is required):
@@ -175,6 +211,8 @@ class RedisBackends:
         """
         if max_connections < 1 or pool_timeout <= 0:
             raise ValueError("max_connections must be >= 1 and pool_timeout > 0")
+        if ssl_ca_certs is not None:
+            client_options["ssl_ca_certs"] = check_ca_file(url, ssl_ca_certs)
         options: dict[str, Any] = {
             "max_connections": max_connections,
             "pool_timeout": pool_timeout,
@@ -186,7 +224,7 @@ class RedisBackends:
             **client_options,
         }
         retention = Retention(event_log_max_len, event_log_ttl, token_ttl, inbox_ttl)
-        return cls(url, namespace, retention, options)
+        return cls(url, namespace, retention, options, allow_evicting_redis)
 
     @property
     def namespace(self) -> str:
@@ -201,7 +239,35 @@ class RedisBackends:
 
     def clone(self) -> RedisBackends:
         """A new bundle over the same server and namespace with its own connection pool."""
-        return RedisBackends(self._url, self._namespace, self.retention, dict(self._client_options))
+        return RedisBackends(
+            self._url,
+            self._namespace,
+            self.retention,
+            dict(self._client_options),
+            self.allow_evicting_redis,
+        )
+
+    async def verify(self) -> tuple[str, ...]:
+        """Check that this user may do what stickless does and that the server keeps every key
+        stickless writes; the warnings to report.
+
+        Raises:
+            StoreMisconfiguredError: the user lacks a permission (or its password is wrong), or
+                the server may evict keys and that was not allowed.
+        """
+        await check_access(self.client, self.keys)
+        try:
+            policy = parse_policy(await self.client.info("memory"))
+        except EvictingRedisError as exc:
+            raise StoreMisconfiguredError(str(exc)) from exc
+        except ResponseError:  # INFO renamed
+            policy = None
+        verdict = judge_eviction_policy(policy, self.allow_evicting_redis)
+        if verdict is EvictionVerdict.REFUSED:
+            raise StoreMisconfiguredError(eviction_message(policy))
+        if verdict is EvictionVerdict.ALLOWED:
+            return (eviction_warning(policy),)
+        return ()
 
     async def aclose(self) -> None:
         """Stop the pub/sub reader and subscriptions, then close this bundle's connections."""
