@@ -11,7 +11,7 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import NoPermissionError, ResponseError
 
 from ..._errors import StoreMisconfiguredError
 from ..._events import Event
@@ -41,6 +41,7 @@ from ._scripts import Scripts
 from ._server import (
     EvictingRedisError,
     EvictionVerdict,
+    access_error,
     check_access,
     check_ca_file,
     connect_check,
@@ -258,11 +259,13 @@ class RedisBackends:
             StoreMisconfiguredError: the user lacks a permission (or its password is wrong), or
                 the server may evict keys and that was not allowed.
         """
-        await check_access(self.client, self.keys)
         try:
+            await check_access(self.client, self.keys)
             policy = parse_policy(await self.client.info("memory"))
-        except EvictingRedisError as exc:
+        except EvictingRedisError as exc:  # refused as the connection was made
             raise StoreMisconfiguredError(str(exc)) from exc
+        except NoPermissionError as exc:
+            raise access_error(self.keys, exc) from exc
         except ResponseError:  # INFO renamed
             policy = None
         verdict = judge_eviction_policy(policy, self.allow_evicting_redis)
