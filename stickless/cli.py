@@ -64,7 +64,19 @@ def _timeout_option(parser: argparse.ArgumentParser, default: float, what: str) 
     )
 
 
-def _redis_server_options(parser: argparse.ArgumentParser) -> None:
+def _redis_server_options(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    """`--redis-sentinel` / `--redis-service` (another way to give `--redis`), the TLS CA and
+    the eviction opt-out; `required`: one of `--redis` and `--redis-sentinel` must be given."""
+    parser.set_defaults(redis_required=required)
+    parser.add_argument(
+        "--redis-sentinel",
+        default=None,
+        metavar="HOST:PORT,...",
+        help="reach Redis through these Sentinels (with --redis-service; instead of --redis)",
+    )
+    parser.add_argument(
+        "--redis-service", default=None, metavar="NAME", help="the name the Sentinels monitor"
+    )
     parser.add_argument(
         "--redis-ca",
         default=None,
@@ -217,8 +229,8 @@ def _add_node(subcommands: Subcommands) -> None:
         "127.0.0.1 for clients (stickless.node.NodeClient). Prints 'READY <port> <node id>' "
         "when up; SIGTERM closes it gracefully.",
     )
-    _redis_option(parser, required=True, help=_REDIS_URL)
-    _redis_server_options(parser)
+    _redis_option(parser, required=False, help=_REDIS_URL)
+    _redis_server_options(parser, required=True)
     parser.add_argument("--node-id", required=True, help="this node's unique id")
     _opener_option(
         parser, "import path of a LiveSessionOpener, or of a zero-argument factory of one"
@@ -274,7 +286,7 @@ def _add_serve(subcommands: Subcommands) -> None:
         "Prints 'READY <port> <node id>' when up; SIGTERM shuts it down gracefully.",
     )
     _redis_option(parser, required=False, help=f"{_REDIS_URL} (default: memory, one node)")
-    _redis_server_options(parser)
+    _redis_server_options(parser, required=False)
     _namespace_option(parser, "Redis key prefix")
     parser.add_argument(
         "--opener",
@@ -438,11 +450,38 @@ def _logging_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None
     )
 
 
+def _resolve_redis(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Turn `--redis-sentinel` / `--redis-service` into `args.redis` (exits on a bad mix)."""
+    from .backends.redis._connect import sentinel_url
+
+    sentinels, service = getattr(args, "redis_sentinel", None), getattr(args, "redis_service", None)
+    if sentinels is not None and args.redis is not None:
+        parser.error("--redis and --redis-sentinel exclude each other")
+    if (sentinels is None) != (service is None):
+        parser.error("--redis-sentinel and --redis-service go together")
+    if sentinels is not None and service is not None:
+        args.redis = sentinel_url(sentinels, service)
+    if getattr(args, "redis_required", False) and args.redis is None:
+        parser.error("one of --redis and --redis-sentinel is required")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The parsed command line, with the Redis options resolved to one URL.
+
+    Raises:
+        SystemExit: the command line is malformed (argparse printed why).
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _resolve_redis(parser, args)
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line and run the chosen command; returns the exit code."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parse_args(argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)

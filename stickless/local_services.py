@@ -111,8 +111,11 @@ class RedisServer:
         start_timeout: float = REDIS_START_TIMEOUT,
         stop_timeout: float = REDIS_STOP_TIMEOUT,
         extra_args: Sequence[str] = (),
+        config_file: Path | None = None,
     ) -> None:
         self.directory = Path(directory)
+        #: A configuration file read first (a Sentinel needs one it can rewrite).
+        self.config_file = config_file
         #: Further configuration directives (`--tls-port`, `--user`, ...) after the defaults.
         self.extra_args = tuple(extra_args)
         self.port = port or free_port()
@@ -153,6 +156,7 @@ class RedisServer:
             persistence = ["--appendonly", "no"]
         args = [
             self.executable,
+            *([str(self.config_file)] if self.config_file is not None else []),
             "--port", str(self.port),
             "--bind", LOOPBACK,
             "--save", "",

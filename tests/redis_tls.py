@@ -72,7 +72,7 @@ class TlsRedis:
 @pytest.fixture(scope="module")
 def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsRedis]:
     """A TLS redis-server with users `stickless` (namespace `tlsns`), `demo` (every `cluster-*`
-    namespace), `nokeys` (another namespace's keys) and `nochannels` (no channel)."""
+    namespace), `nokeys` (another namespace's keys), `nochannels` (no channel) and `noinfo`."""
     directory = tmp_path_factory.mktemp("tls-redis")
     ca, key, crt = make_certificates(directory)
     tls_port = free_port()
@@ -81,6 +81,7 @@ def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsRedis]:
         *user("demo", "~cluster-*", "~{cluster-*", "&cluster-*", "+@all", "-@dangerous", "+info"),
         *user("nokeys", "~other:*", "&tlsns:*", "+@all", "-@dangerous", "+info"),
         *user("nochannels", "~tlsns:*", "~{tlsns:s:*", "+@all", "-@dangerous", "+info"),
+        *user("noinfo", "~tlsns:*", "~{tlsns:s:*", "&tlsns:*", "+@all", "-@dangerous"),
     ]
     tls = [
         "--tls-port", str(tls_port), "--tls-cert-file", str(crt), "--tls-key-file", str(key),

@@ -36,7 +36,7 @@ def test_the_demo_scenes_pass_over_tls_with_a_namespace_restricted_user(
     _check_demo_output(out)
 
 
-@pytest.mark.parametrize("name", ["nokeys", "nochannels"])
+@pytest.mark.parametrize("name", ["nokeys", "nochannels", "noinfo"])
 async def test_a_user_without_the_namespace_patterns_gets_a_clear_startup_error(
     tls_redis: TlsRedis, name: str
 ) -> None:

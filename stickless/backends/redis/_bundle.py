@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import NoPermissionError, ResponseError
 
 from ..._errors import StoreMisconfiguredError
 from ..._events import Event
@@ -29,6 +29,7 @@ from ..base import (
     SessionOwners,
     SignalBus,
 )
+from ._connect import connect
 from ._dead_letters import RedisDeadLetterStore
 from ._eventlog import RedisEventLog
 from ._hotpath import RedisHotPath
@@ -40,6 +41,7 @@ from ._scripts import Scripts
 from ._server import (
     EvictingRedisError,
     EvictionVerdict,
+    access_error,
     check_access,
     check_ca_file,
     connect_check,
@@ -121,19 +123,21 @@ class RedisBackends:
         max_connections = int(pool_options.pop("max_connections", DEFAULT_MAX_CONNECTIONS))
         pool_timeout = float(pool_options.pop("pool_timeout", DEFAULT_POOL_TIMEOUT))
         # Every command connection checks the eviction policy as it connects, so a reconnect
-        # (a restart, a failover) to a server that may evict keys is refused too.
-        self._pool = BlockingConnectionPool.from_url(
+        # (a restart, a failover) to a server that may evict keys is refused too. The pub/sub
+        # connection never retries inside redis-py: its reader reconnects by itself.
+        self._connections = connect(
             url,
-            max_connections=max_connections,
-            timeout=pool_timeout,
-            redis_connect_func=connect_check(allow_evicting_redis),
-            **pool_options,
+            {
+                "max_connections": max_connections,
+                "timeout": pool_timeout,
+                "redis_connect_func": connect_check(allow_evicting_redis),
+                **pool_options,
+            },
+            {**pool_options, "retry": Retry(NoBackoff(), 0, supported_errors=())},
         )
+        self._pool = self._connections.pool
         self.client: Redis = Redis(connection_pool=self._pool)
-        # The pub/sub connection never retries inside redis-py: its reader reconnects by itself.
-        pubsub_client = Redis.from_url(
-            url, **{**pool_options, "retry": Retry(NoBackoff(), 0, supported_errors=())}
-        )
+        pubsub_client = self._connections.pubsub
         scripts = Scripts(self.client, self.keys.live_prefix)
         self.leases = RedisLeaseStore(self.client, scripts, self.keys, retention.token_ttl)
         self.liveness = RedisLiveness(self.client, scripts, self.keys)
@@ -255,11 +259,13 @@ class RedisBackends:
             StoreMisconfiguredError: the user lacks a permission (or its password is wrong), or
                 the server may evict keys and that was not allowed.
         """
-        await check_access(self.client, self.keys)
         try:
+            await check_access(self.client, self.keys)
             policy = parse_policy(await self.client.info("memory"))
-        except EvictingRedisError as exc:
+        except EvictingRedisError as exc:  # refused as the connection was made
             raise StoreMisconfiguredError(str(exc)) from exc
+        except NoPermissionError as exc:
+            raise access_error(self.keys, exc) from exc
         except ResponseError:  # INFO renamed
             policy = None
         verdict = judge_eviction_policy(policy, self.allow_evicting_redis)
@@ -274,3 +280,4 @@ class RedisBackends:
         await self._signals.aclose()
         await self.client.aclose()
         await self._pool.aclose()
+        await self._connections.close_sentinels()

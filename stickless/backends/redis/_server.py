@@ -134,7 +134,7 @@ def acl_rule(keys: Keys) -> str:
 
 async def check_access(client: Redis, keys: Keys) -> None:
     """Probe, with the bundle's own user, every kind of access stickless needs: a key of each
-    pattern, a channel, a script, INFO (each probe key expires at once).
+    pattern, a channel, a script (each probe key expires at once; INFO is read next).
 
     Raises:
         StoreMisconfiguredError: the server refused the user (its password, or a permission).
@@ -146,11 +146,15 @@ async def check_access(client: Redis, keys: Keys) -> None:
             pipe.set(f"{keys.tag(probe)}:probe", 1, px=1)
             pipe.publish(f"{keys.namespace}:probe", b"")
             pipe.eval("return 1", 0)
-            pipe.info("memory")
             await pipe.execute()
     except (AuthenticationError, NoPermissionError) as exc:
-        raise StoreMisconfiguredError(
-            f"the Redis server refused this user ({type(exc).__name__}: {exc}); a user of "
-            f"namespace {keys.namespace!r} needs the ACL rule `{acl_rule(keys)}` "
-            "(README: Redis, TLS and ACL users)"
-        ) from exc
+        raise access_error(keys, exc) from exc
+
+
+def access_error(keys: Keys, exc: RedisError) -> StoreMisconfiguredError:
+    """The startup error of a user the server refused, naming the rule it needs."""
+    return StoreMisconfiguredError(
+        f"the Redis server refused this user ({type(exc).__name__}: {exc}); a user of "
+        f"namespace {keys.namespace!r} needs the ACL rule `{acl_rule(keys)}` "
+        "(README: TLS and ACL users)"
+    )
