@@ -86,11 +86,17 @@ def parse_policy(info: dict[str, Any] | bytes | str) -> str | None:
 
 
 async def read_policy(connection: AbstractConnection) -> str | None:
-    """Ask the server on `connection` for its eviction policy (None when INFO is refused)."""
+    """Ask the server on `connection` for its eviction policy (None when INFO is renamed).
+
+    Raises:
+        NoPermissionError: the user may not run INFO.
+    """
     await connection.send_command("INFO", "memory")
     try:
         reply = await connection.read_response()
-    except ResponseError:  # INFO renamed or denied to this user
+    except NoPermissionError:  # the user's ACL: an access error, not an unknown policy
+        raise
+    except ResponseError:  # INFO renamed
         return None
     return parse_policy(reply)
 
