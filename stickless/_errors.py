@@ -18,6 +18,8 @@ class FailureCode(enum.StrEnum):
     CONFLICTING_AGENT = "CONFLICTING_AGENT"
     EVICTED = "EVICTED"
     FORWARD_TIMEOUT = "FORWARD_TIMEOUT"
+    #: The shared store could not serve a call the turn needed (out of reach, out of memory).
+    BACKEND_UNAVAILABLE = "BACKEND_UNAVAILABLE"
     #: The node running the turn shut down gracefully before the turn ended.
     SHUTDOWN = "SHUTDOWN"
 
@@ -68,6 +70,11 @@ class SessionBusyError(SticklessError):
 
 class BackendUnavailableError(SticklessError):
     """A shared backend could not be reached (HTTP 503); nothing was reserved."""
+
+
+class InternalError(SticklessError):
+    """A backend refused a call the same way it would every time (a bug or a misconfiguration,
+    not an outage: HTTP 500, no retry); the message quotes the backend's error."""
 
 
 class RouterClosedError(SticklessError):

@@ -20,6 +20,7 @@ from .._errors import (
     ConflictingAgentError,
     DeadLetterNotFoundError,
     IdempotencyConflictError,
+    InternalError,
     InvalidRequestError,
     ReplayRefusedError,
 )
@@ -267,7 +268,7 @@ async def deliver_replay(
         await io(idem.release_holder(session_id, key, origin, queued_staleness(config)))
         work = TurnWork.from_request(req, turn_id, key, origin)
         await io(backends.inbox.deliver(work.to_envelope()))
-    except BackendUnavailableError:
+    except (BackendUnavailableError, InternalError):
         await quiet(idem.discard_reservation(session_id, key, turn_id))
         raise
     lease = await quiet(backends.leases.current(session_id))

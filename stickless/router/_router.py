@@ -15,7 +15,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from .._config import DeploymentMode, RouterConfig
-from .._errors import BackendUnavailableError, InvalidRequestError, RouterClosedError
+from .._errors import (
+    BackendUnavailableError,
+    InternalError,
+    InvalidRequestError,
+    RouterClosedError,
+)
 from .._logs import as_node
 from .._metrics import NOOP_METRICS, SafeMetrics, SessionMetrics
 from .._session import FactoryOpener, LiveSession, LiveSessionOpener
@@ -208,7 +213,7 @@ class SessionRouter:
         await self._control.open(self._signal_handlers(), self._resubscribed)
         try:
             await io(self._renewer.register(self._backends))
-        except BackendUnavailableError as exc:  # the renewer keeps trying
+        except (BackendUnavailableError, InternalError) as exc:  # the renewer keeps trying
             log.warning("node %s could not register its liveness yet: %s", self._node_id, exc)
         self._started = True
         self._renewer.start()

@@ -17,6 +17,7 @@ from .._errors import (
     ConflictingAgentError,
     FailureCode,
     IdempotencyConflictError,
+    InternalError,
     InvalidRequestError,
 )
 from .._trace import TraceContext
@@ -182,7 +183,7 @@ class Submitter(SessionPart):
                         trace.traceparent,
                     )
                 )
-            except BackendUnavailableError:
+            except (BackendUnavailableError, InternalError):
                 # It may have been written, and queued for a holder: a refused submit must never
                 # run, so it is withdrawn while no holder took it, followed if one did.
                 if forward is not None and await self._taken(session_id, key, turn_id):

@@ -16,6 +16,7 @@ from .._errors import (
     ConflictingAgentError,
     EventCursorAheadError,
     IdempotencyConflictError,
+    InternalError,
     InvalidRequestError,
     RouterClosedError,
     SessionBusyError,
@@ -80,6 +81,8 @@ def error_response(exc: Exception) -> Response | None:
         return _json(503, "BACKEND_UNAVAILABLE", exc.message, {"Retry-After": RETRY_AFTER})
     if isinstance(exc, RouterClosedError):
         return _json(503, "ROUTER_CLOSED", exc.message, {"Retry-After": RETRY_AFTER})
+    if isinstance(exc, InternalError):  # no Retry-After: the same request fails the same way
+        return _json(500, "INTERNAL_ERROR", exc.message)
     return None
 
 

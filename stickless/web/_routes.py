@@ -18,6 +18,7 @@ from .._errors import EventCursorTrimmedError, TurnFailedError
 from .._events import Event
 from .._trace import TraceContext
 from .._types import Principal, SubmitRequest, TurnResult, field_errors, is_session_id
+from ..backends.base import MAX_VERSION
 from ..router import SessionRouter, SubmitOrigin, TurnState
 from ..router._background import io
 from ..router._stream import check_cursor, logged_frames
@@ -399,7 +400,7 @@ def api_router(gateway: Gateway) -> APIRouter:
 
     @api.get("/sessions/{session_id}/transcript", response_model=Transcript)
     async def transcript(
-        session_id: str, request: Request, after: Annotated[int, Query(ge=0)] = 0
+        session_id: str, request: Request, after: Annotated[int, Query(ge=0, le=MAX_VERSION)] = 0
     ) -> Transcript:
         """The session's committed transcript (`?after=N`: only the entries past version N)."""
         principal = await gateway.principal(request)
