@@ -85,6 +85,10 @@ class InvalidRequestError(SticklessError, ValueError):
     """The request failed validation (HTTP 400); the message names the field and the rule."""
 
 
+class InputTooLargeError(InvalidRequestError):
+    """The input's encoded size is over `max_input_bytes` (HTTP 413); nothing was reserved."""
+
+
 class DeadLetterNotFoundError(SticklessError, LookupError):
     """No dead letter has this id (HTTP 404): it never existed, or was replayed or removed."""
 

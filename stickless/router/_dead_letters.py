@@ -27,10 +27,10 @@ from .._errors import (
 from .._types import SubmitRequest, TurnResult, is_session_id
 from ..actors import TurnWork
 from ..backends.base import Backends, DeadLetter, DeadLetterStore, letter_session
-from ..wire import Signal, SignalKind
+from ..wire import Signal, SignalKind, client_key
 from ._api import SubmitDisposition, SubmitKind
 from ._background import io, quiet
-from ._keys import client_key, in_flight_ttl, queued_staleness, reservation_key
+from ._keys import in_flight_ttl, queued_staleness, reservation_key
 from ._submit import Verdict, classify
 
 #: Most letters one listing returns.

@@ -17,6 +17,7 @@ from .._errors import (
     ConflictingAgentError,
     FailureCode,
     IdempotencyConflictError,
+    InputTooLargeError,
     InternalError,
     InvalidRequestError,
 )
@@ -113,7 +114,7 @@ class Submitter(SessionPart):
         except (TypeError, ValueError, OverflowError) as exc:  # a model built unvalidated
             raise InvalidRequestError(f"input: cannot be encoded: {type(exc).__name__}") from None
         if size > self._config.max_input_bytes:
-            raise InvalidRequestError(
+            raise InputTooLargeError(
                 f"input: encoded size {size} bytes exceeds max_input_bytes "
                 f"({self._config.max_input_bytes})"
             )

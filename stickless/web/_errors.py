@@ -16,6 +16,7 @@ from .._errors import (
     ConflictingAgentError,
     EventCursorAheadError,
     IdempotencyConflictError,
+    InputTooLargeError,
     InternalError,
     InvalidRequestError,
     RouterClosedError,
@@ -63,6 +64,8 @@ def error_response(exc: Exception) -> Response | None:
         return _json(400, "INVALID_REQUEST", _validation_message(exc))
     if isinstance(exc, ValidationError):
         return _json(400, "INVALID_REQUEST", field_errors(exc))
+    if isinstance(exc, InputTooLargeError):
+        return _json(413, "INPUT_TOO_LARGE", exc.message)
     if isinstance(exc, InvalidRequestError):
         return _json(400, "INVALID_REQUEST", exc.message)
     if isinstance(exc, EventCursorAheadError):
