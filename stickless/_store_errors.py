@@ -78,14 +78,14 @@ def store_error(exc: BaseException) -> SticklessError:
     return InternalError(message) if refused(exc) else BackendUnavailableError(message)
 
 
-def unavailable_in(error: BaseException) -> bool:
-    """Whether the store being out of reach caused `error`: it is a BackendUnavailableError or
-    was raised from (or while handling) one, as an agent framework may wrap it."""
+def unavailable_cause(error: BaseException) -> BackendUnavailableError | None:
+    """The store outage behind `error`: itself when it is a BackendUnavailableError, or the one
+    it was raised from (or while handling), as an agent framework may wrap it; else None."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         if isinstance(current, BackendUnavailableError):
-            return True
+            return current
         seen.add(id(current))
         current = current.__cause__ or current.__context__
-    return False
+    return None

@@ -11,7 +11,7 @@ from .._events import Event, TurnCompleted, TurnFailed, unfinished_frame
 from .._logs import get_logger
 from .._retry import RetryPolicy
 from .._session import LiveSession, TurnContext, TurnEnding
-from .._store_errors import unavailable_in
+from .._store_errors import unavailable_cause
 from .._types import TurnOutput
 from ..backends.base import FencedOut, Lease, StagedCommit
 from ..wire import Outcome
@@ -142,8 +142,12 @@ async def conclude(
         log.debug("turn failed: %r", error)
         message = f"{type(error).__name__}: {error}"
         # A store out of reach is the infrastructure's fault, not the agent's.
-        code = FailureCode.BACKEND_UNAVAILABLE if unavailable_in(error) else FailureCode.FAILED
-        return (*failed(work, code, message, node), None, False)
+        outage = unavailable_cause(error)
+        if outage is None:
+            return (*failed(work, FailureCode.FAILED, message, node), None, False)
+        if outage is not error:
+            message = f"{message} (the store: {outage})"
+        return (*failed(work, FailureCode.BACKEND_UNAVAILABLE, message, node), None, False)
     output = task.result()
     if not isinstance(output, TurnOutput):
         message = "run_turn must return TurnOutput"
