@@ -18,6 +18,8 @@ class FailureCode(enum.StrEnum):
     CONFLICTING_AGENT = "CONFLICTING_AGENT"
     EVICTED = "EVICTED"
     FORWARD_TIMEOUT = "FORWARD_TIMEOUT"
+    #: The shared store could not serve a call the turn needed (out of reach, out of memory).
+    BACKEND_UNAVAILABLE = "BACKEND_UNAVAILABLE"
     #: The node running the turn shut down gracefully before the turn ended.
     SHUTDOWN = "SHUTDOWN"
 
@@ -75,12 +77,21 @@ class StoreMisconfiguredError(SticklessError):
     setting and the fix); the router refuses to start on it."""
 
 
+class InternalError(SticklessError):
+    """A backend refused a call the same way it would every time (a bug or a misconfiguration,
+    not an outage: HTTP 500, no retry); the message quotes the backend's error."""
+
+
 class RouterClosedError(SticklessError):
     """The router is closed or was killed; it accepts no more work."""
 
 
 class InvalidRequestError(SticklessError, ValueError):
     """The request failed validation (HTTP 400); the message names the field and the rule."""
+
+
+class InputTooLargeError(InvalidRequestError):
+    """The input's encoded size is over `max_input_bytes` (HTTP 413); nothing was reserved."""
 
 
 class DeadLetterNotFoundError(SticklessError, LookupError):

@@ -98,6 +98,16 @@ def _wire() -> ConfigDict:
     return ConfigDict(frozen=True, extra="ignore")
 
 
+#: The prefix of a reservation key made from a client's idempotency key (the other form is
+#: "t:<turn id>", private to one turn).
+CLIENT_KEY_PREFIX = "c:"
+
+
+def client_key(key: str) -> str | None:
+    """The client's idempotency key a reservation key was made from; None for an internal one."""
+    return key[len(CLIENT_KEY_PREFIX) :] if key.startswith(CLIENT_KEY_PREFIX) else None
+
+
 class Envelope(BaseModel):
     """An inbox message: one submit handed from a non-holder to whoever holds the session."""
 

@@ -272,7 +272,7 @@ async def test_dlq_list_show_replay_and_purge_against_a_live_node(
         assert code == 0
         lines = sorted(out.splitlines())
         assert len(lines) == 2
-        assert lines[0].split("  ")[:4] == [failed.letter_id, "s1", "old-turn", "c:k1"]
+        assert lines[0].split("  ")[:4] == [failed.letter_id, "s1", "old-turn", "k1"]
         assert '"last attempt failed"' in lines[0] and "attempts=1" in lines[0]
         assert re.search(r"age=\d+[smhd]$", lines[0]), lines[0]
         code, out, _ = await dlq("list", "--session", "s2", "--limit", "5")
@@ -281,7 +281,7 @@ async def test_dlq_list_show_replay_and_purge_against_a_live_node(
         code, out, _ = await dlq("show", failed.letter_id)
         shown = json.loads(out)
         assert code == 0 and shown["envelope"]["input"] == "hello again"
-        assert shown["idempotency_key"] == "c:k1" and shown["attempts"][0]["attempt"] == 1
+        assert shown["idempotency_key"] == "k1" and shown["attempts"][0]["attempt"] == 1
         code, out, _ = await dlq("show", junk.letter_id)
         assert code == 0 and json.loads(out)["raw"] == {"base64": "wSB4"}
         # replay of the unreadable letter is refused, and of an unknown one not found

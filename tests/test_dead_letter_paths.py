@@ -31,7 +31,7 @@ async def test_a_turn_failing_its_last_attempt_is_dead_lettered_and_replayed_onc
         assert (letter.session_id, letter.turn_id, letter.idempotency_key) == (
             "s1",
             disp.turn_id,
-            "c:k",
+            "k",
         )
         assert [r.attempt for r in letter.attempts] == [1, 2, 3]
         assert all("flaky attempt" in r.error for r in letter.attempts)

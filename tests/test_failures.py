@@ -300,7 +300,7 @@ async def test_unreadable_entry_fails_its_caller_and_spares_its_batch(
     assert await cluster.backends.inbox.is_empty("s1")
     # And the entry is kept in the dead letters, with its bytes and what could be read of it
     (letter,) = await a.dead_letters.list()
-    assert (letter.turn_id, letter.idempotency_key) == (poison.turn_id, "c:p")
+    assert (letter.turn_id, letter.idempotency_key) == (poison.turn_id, "p")
     assert letter.envelope is None and letter.raw is not None and b"poison" in letter.raw
     assert letter.reason.startswith("unreadable inbox entry")
 

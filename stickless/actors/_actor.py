@@ -19,11 +19,13 @@ from .._events import (
 )
 from .._logs import get_logger, log_context, task_context
 from .._session import LiveSession, Transcript, TurnContext
+from .._store_errors import store_error
 from .._types import CommittedEntry, Priority, TurnOutput
 from ..backends.base import (
     FencedOut,
     Lease,
     StagedCommit,
+    check_version,
 )
 from ..wire import Outcome
 from ._collecting import admitted, fetch_batch
@@ -41,7 +43,7 @@ from ._ending import (
 from ._host import ActorHost, Later, StopReason
 from ._mailbox import Mailbox
 from ._relay import EventRelay
-from ._unrun import answer_cancelled, answer_cut_short, fail_unrun, reject
+from ._unrun import answer_cancelled, answer_cut_short, fail_store, fail_unrun, reject
 from ._work import TurnWork
 
 log = get_logger("stickless.actor")
@@ -370,7 +372,7 @@ class SessionActor:
                 self.lose_lease()
                 return False
             except Exception as exc:
-                await fail_unrun(self._host, work, f"record store: {exc}")
+                await fail_store(self._host, work, exc)
                 return False
             self._provisioned = True
         if work.agent_ref != self.agent_ref:
@@ -398,7 +400,13 @@ class SessionActor:
             self._host.events_dropped(self.session_id, relay.drops)
 
     async def _load_transcript(self, after: int) -> tuple[tuple[CommittedEntry, ...], int]:
-        record = await self._host.backends.records.load(self.session_id, after)
+        """`turn.transcript.load`; a store failure reaches the agent as a stickless error (and
+        answers the turn BACKEND_UNAVAILABLE when it is an outage: see `conclude`)."""
+        check_version(after)
+        try:
+            record = await self._host.backends.records.load(self.session_id, after)
+        except Exception as exc:
+            raise store_error(exc) from exc
         return (record.entries, record.version) if record is not None else ((), 0)
 
     async def _execute(self, work: TurnWork) -> None:

@@ -11,6 +11,7 @@ from .._events import Event, TurnCompleted, TurnFailed, unfinished_frame
 from .._logs import get_logger
 from .._retry import RetryPolicy
 from .._session import LiveSession, TurnContext, TurnEnding
+from .._store_errors import unavailable_cause
 from .._types import TurnOutput
 from ..backends.base import FencedOut, Lease, StagedCommit
 from ..wire import Outcome
@@ -140,7 +141,13 @@ async def conclude(
         log.warning("turn failed: %s", type(error).__name__)
         log.debug("turn failed: %r", error)
         message = f"{type(error).__name__}: {error}"
-        return (*failed(work, FailureCode.FAILED, message, node), None, False)
+        # A store out of reach is the infrastructure's fault, not the agent's.
+        outage = unavailable_cause(error)
+        if outage is None:
+            return (*failed(work, FailureCode.FAILED, message, node), None, False)
+        if outage is not error:
+            message = f"{message} (the store: {outage})"
+        return (*failed(work, FailureCode.BACKEND_UNAVAILABLE, message, node), None, False)
     output = task.result()
     if not isinstance(output, TurnOutput):
         message = "run_turn must return TurnOutput"
@@ -214,27 +221,46 @@ async def finish_turn(
     turn's terminal frame)."""
     work = running.work
     work.ran = time.monotonic() - running.started
+    # However long the store takes (stalled, out of reach, each call bounded only by its
+    # client's timeouts), this node's callers are answered within forward_ttl of the turn's
+    # end: "unknown" if it is not announced by then, while the finish goes on.
+    waiting = [work.turn_id, *(joined.turn_id for joined in running.joined)]
+    ttl = host.config.forward_ttl
+    deadline = asyncio.get_running_loop().call_later(ttl, host.answer_unknown, waiting)
+    try:
+        announced, held = await _record_turn(host, running, outcome, terminal, commit, relay)
+        running.answer = announced
+        for joined in running.joined:
+            joined.ran = work.ran
+            answer = announced or Outcome.unknown(joined.turn_id, ttl)
+            await host.complete(joined, answer.model_copy(update={"turn_id": joined.turn_id}))
+    finally:
+        deadline.cancel()
+    return held and announced is outcome
+
+
+async def _record_turn(
+    host: ActorHost,
+    running: RunningTurn,
+    outcome: Outcome,
+    terminal: Event,
+    commit: StagedCommit | None,
+    relay: EventRelay,
+) -> tuple[Outcome | None, bool]:
+    """Record and announce the turn itself: the outcome announced (None: decided elsewhere or
+    unknown), and False when its commit was fenced out (then LEASE_LOST is what it records)."""
+    work = running.work
     # The relay's last frames and the terminal one go in the step that records the answer
     # (their order kept: the relay hands over only once its batch in flight is logged).
     tail = await relay.seal()
     last = LastFrames.of(relay, tail, relay.stamp(terminal))
-    held = True
     try:
         try:
-            announced = await host.complete(work, outcome, commit, last, bury=running.bury)
+            return await host.complete(work, outcome, commit, last, bury=running.bury), True
         except FencedOut:
-            held = False
-            outcome, terminal = failed(
-                work, FailureCode.LEASE_LOST, "commit fenced out", host.node_id
-            )
+            lost, terminal = failed(work, FailureCode.LEASE_LOST, "commit fenced out", host.node_id)
             last = last.replaced(relay.stamp(terminal, seq=last.terminal.seq))
-            announced = await host.complete(work, outcome, None, last)
+            return await host.complete(work, lost, None, last), False
     finally:
         if not last.consumed:  # (the finish failed outright: what is left still goes out)
             await last.send(terminal=False)
-    running.answer = announced
-    for joined in running.joined:
-        joined.ran = work.ran
-        answer = announced or Outcome.unknown(joined.turn_id, host.config.forward_ttl)
-        await host.complete(joined, answer.model_copy(update={"turn_id": joined.turn_id}))
-    return held and announced is outcome

@@ -96,6 +96,11 @@ class ActorHost(Protocol):
         """
         ...
 
+    def answer_unknown(self, turn_ids: Sequence[str]) -> None:
+        """Tell this node's callers of these turns that their answer is unknown (FORWARD_TIMEOUT:
+        they may retry the key) while recording it goes on."""
+        ...
+
     async def take_over(self, work: TurnWork) -> bool | Later:
         """Take a collected message's reservation over as its turn starts (setting its
         attempt); False when it must not run here (answered, or left to the node that holds

@@ -3,7 +3,7 @@ prepare), and the outcome helpers its turns share."""
 
 from __future__ import annotations
 
-from .._errors import FailureCode
+from .._errors import BackendUnavailableError, FailureCode
 from .._events import (
     LATE_TERMINAL_SEQ,
     Event,
@@ -12,6 +12,7 @@ from .._events import (
     TurnFailed,
     unfinished_frame,
 )
+from .._store_errors import store_error
 from ..wire import Outcome
 from ._host import ActorHost, StopReason
 from ._work import TurnWork
@@ -75,7 +76,19 @@ async def reject(host: ActorHost, work: TurnWork, bound_agent: str | None) -> No
     )
 
 
-async def fail_unrun(host: ActorHost, work: TurnWork, message: str) -> None:
-    """A turn that could not be prepared (record store, live handle): FAILED, never run."""
-    outcome = failure(work, FailureCode.FAILED, message, host.node_id)
+async def fail_unrun(
+    host: ActorHost, work: TurnWork, message: str, code: FailureCode = FailureCode.FAILED
+) -> None:
+    """A turn that could not be prepared (record store, live handle): FAILED (or
+    BACKEND_UNAVAILABLE when the store was out of reach), never run."""
+    outcome = failure(work, code, message, host.node_id)
     await host.complete(work, outcome, frame=outcome.unrun_frame(work.session_id))
+
+
+async def fail_store(host: ActorHost, work: TurnWork, error: Exception) -> None:
+    """A turn whose session record could not be provisioned: BACKEND_UNAVAILABLE when the store
+    was out of reach, else FAILED; never run."""
+    failed = store_error(error)
+    unavailable = isinstance(failed, BackendUnavailableError)
+    code = FailureCode.BACKEND_UNAVAILABLE if unavailable else FailureCode.FAILED
+    await fail_unrun(host, work, f"record store: {failed}", code)

@@ -7,8 +7,9 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from .._errors import BackendUnavailableError, SticklessError
+from .._errors import SticklessError
 from .._logs import get_logger, task_context
+from .._store_errors import store_error
 from ..backends.base import FencedOut
 
 log = get_logger("stickless.router")
@@ -21,13 +22,14 @@ RETRY_CAP = 1.0
 
 
 async def io(awaitable: Awaitable[T]) -> T:
-    """Await a backend call; failures other than ours surface as BackendUnavailableError."""
+    """Await a backend call; failures other than ours surface as BackendUnavailableError (an
+    outage) or InternalError (a refusal no retry changes: see stickless/_store_errors.py)."""
     try:
         return await awaitable
     except (SticklessError, FencedOut):
         raise
     except Exception as exc:
-        raise BackendUnavailableError(f"{type(exc).__name__}: {exc}") from exc
+        raise store_error(exc) from exc
 
 
 async def quiet(awaitable: Awaitable[T]) -> T | None:

@@ -20,16 +20,17 @@ from .._errors import (
     ConflictingAgentError,
     DeadLetterNotFoundError,
     IdempotencyConflictError,
+    InternalError,
     InvalidRequestError,
     ReplayRefusedError,
 )
 from .._types import SubmitRequest, TurnResult, is_session_id
 from ..actors import TurnWork
 from ..backends.base import Backends, DeadLetter, DeadLetterStore, letter_session
-from ..wire import Signal, SignalKind
+from ..wire import Signal, SignalKind, client_key
 from ._api import SubmitDisposition, SubmitKind
 from ._background import io, quiet
-from ._keys import client_key, in_flight_ttl, queued_staleness, reservation_key
+from ._keys import in_flight_ttl, queued_staleness, reservation_key
 from ._submit import Verdict, classify
 
 #: Most letters one listing returns.
@@ -267,7 +268,7 @@ async def deliver_replay(
         await io(idem.release_holder(session_id, key, origin, queued_staleness(config)))
         work = TurnWork.from_request(req, turn_id, key, origin)
         await io(backends.inbox.deliver(work.to_envelope()))
-    except BackendUnavailableError:
+    except (BackendUnavailableError, InternalError):
         await quiet(idem.discard_reservation(session_id, key, turn_id))
         raise
     lease = await quiet(backends.leases.current(session_id))

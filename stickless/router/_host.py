@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._config import RouterConfig
-from .._errors import BackendUnavailableError
+from .._errors import BackendUnavailableError, InternalError
 from .._events import Event
 from .._session import LiveSession, LiveSessionOpener
 from .._trace import Tracing
@@ -78,6 +78,10 @@ class NodeActorHost(RouterPart):
     ) -> Outcome | None:
         return await self._outcomes.complete(work, outcome, commit, last, frame, bury)
 
+    def answer_unknown(self, turn_ids: Sequence[str]) -> None:
+        for turn_id in turn_ids:
+            self._outcomes.tell_unknown(turn_id)
+
     async def take_over(self, work: TurnWork) -> bool | Later:
         return await self._outcomes.take_over(work)
 
@@ -102,7 +106,7 @@ class NodeActorHost(RouterPart):
             return False
         try:
             alive = await io(self._renewer.confirm(self._backends))
-        except BackendUnavailableError:
+        except (BackendUnavailableError, InternalError):
             return False
         return alive and self._renewer.holds(session_id, token)
 

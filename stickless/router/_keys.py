@@ -4,22 +4,17 @@ from __future__ import annotations
 
 from .._config import RouterConfig
 from .._types import SubmitRequest
+from ..wire import CLIENT_KEY_PREFIX
 
 #: Prefixes keep client idempotency keys and per-turn internal keys apart.
-_CLIENT_KEY = "c:"
 _TURN_KEY = "t:"
 
 
 def reservation_key(req: SubmitRequest, turn_id: str) -> str:
     """The key a submit reserves: the client's idempotency key, else one private to the turn."""
     if req.idempotency_key is not None:
-        return _CLIENT_KEY + req.idempotency_key
+        return CLIENT_KEY_PREFIX + req.idempotency_key
     return _TURN_KEY + turn_id
-
-
-def client_key(key: str) -> str | None:
-    """The client's idempotency key a reservation key was made from; None for an internal one."""
-    return key[len(_CLIENT_KEY) :] if key.startswith(_CLIENT_KEY) else None
 
 
 def primary_ttl(config: RouterConfig, key: str) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from .._errors import BackendUnavailableError, UnknownTurnError
+from .._errors import BackendUnavailableError, InternalError, UnknownTurnError
 from .._types import TurnResult
 from ..backends.base import Reservation
 from ._api import TurnInfo, TurnState
@@ -71,8 +71,8 @@ class TurnLookup(RouterPart):
                 if not future.done():
                     try:
                         found = await self.find(session_id, turn_id)
-                    except BackendUnavailableError:  # a backstop read: the signal may still come
-                        found = None
+                    except (BackendUnavailableError, InternalError):
+                        found = None  # a backstop read: the signal may still come
             return future.result()
         finally:
             self._callers.remove(turn_id, future)

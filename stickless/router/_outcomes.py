@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from .._errors import BackendUnavailableError, FailureCode
+from .._errors import BackendUnavailableError, FailureCode, InternalError
 from .._events import Event, lost_frame, traced
 from .._metrics import COMPLETED
 from .._trace import TraceContext
@@ -121,7 +121,7 @@ class TurnOutcomes(RouterPart):
         if finished is None:
             self._bg.spawn(self._record_later(work, outcome, commit, letter), "mark-done-retry")
             if not free:
-                self._tell_unknown(work.turn_id)
+                self.tell_unknown(work.turn_id)
                 if last is not None:
                     await last.send(terminal=False)
                 return None
@@ -213,7 +213,7 @@ class TurnOutcomes(RouterPart):
             if await io(self._backends.dead_letters.add(letter)):
                 turn_id = letter.turn_id or ""
                 self._metrics.emit("on_dead_lettered", letter.session_id, turn_id, letter.reason)
-        except BackendUnavailableError as exc:
+        except (BackendUnavailableError, InternalError) as exc:
             log.warning("dead letter %s not kept: %s", letter.letter_id, exc)
             return False
         return True
@@ -223,7 +223,7 @@ class TurnOutcomes(RouterPart):
         result = COMPLETED if outcome.ok else outcome.code
         self._metrics.emit("on_turn_finished", session_id, turn_id, result, duration)
 
-    def _tell_unknown(self, turn_id: str) -> None:
+    def tell_unknown(self, turn_id: str) -> None:
         """This node's callers of the turn learn its answer is unknown (they may retry)."""
         self._callers.resolve(Outcome.unknown(turn_id, self._config.forward_ttl))
 
@@ -298,7 +298,7 @@ class TurnOutcomes(RouterPart):
         while True:
             try:
                 return await io(self._backends.inbox.deliver(envelope, delivery_id))
-            except BackendUnavailableError as exc:
+            except (BackendUnavailableError, InternalError) as exc:
                 log.warning("delivery of %s failed: %s", work.turn_id, exc)
             if loop.time() + delay >= deadline:
                 break
@@ -415,7 +415,7 @@ class TurnOutcomes(RouterPart):
             looked_up = await self._patiently(lambda: idem.find(session_id, key))
         if acquired is None or looked_up is None:
             log.warning("take-over of %s/%s left undecided: not run", session_id, key)
-            self._tell_unknown(turn_id)
+            self.tell_unknown(turn_id)
             return False
         (found,) = looked_up
         if found is not None and found.turn_id == turn_id and found.stale and not found.outcome:
@@ -426,7 +426,7 @@ class TurnOutcomes(RouterPart):
             if await self._patiently(lambda: self.reset_stale(found)) is None:
                 # undecided: it stays pending for a later holder
                 log.warning("reset of %s/%s left undecided", session_id, key)
-                self._tell_unknown(turn_id)
+                self.tell_unknown(turn_id)
                 return False
             return Later(0.0, held=False)
         if found is not None and found.turn_id == turn_id:

@@ -17,6 +17,7 @@ from typing import Any
 from .._config import DeploymentMode, RouterConfig
 from .._errors import (
     BackendUnavailableError,
+    InternalError,
     InvalidRequestError,
     RouterClosedError,
     StoreMisconfiguredError,
@@ -226,7 +227,7 @@ class SessionRouter:
         await self._control.open(self._signal_handlers(), self._resubscribed)
         try:
             await io(self._renewer.register(self._backends))
-        except BackendUnavailableError as exc:  # the renewer keeps trying
+        except (BackendUnavailableError, InternalError) as exc:  # the renewer keeps trying
             log.warning("node %s could not register its liveness yet: %s", self._node_id, exc)
         self._started = True
         self._renewer.start()

@@ -17,6 +17,8 @@ from .._errors import (
     ConflictingAgentError,
     FailureCode,
     IdempotencyConflictError,
+    InputTooLargeError,
+    InternalError,
     InvalidRequestError,
 )
 from .._trace import TraceContext
@@ -112,7 +114,7 @@ class Submitter(SessionPart):
         except (TypeError, ValueError, OverflowError) as exc:  # a model built unvalidated
             raise InvalidRequestError(f"input: cannot be encoded: {type(exc).__name__}") from None
         if size > self._config.max_input_bytes:
-            raise InvalidRequestError(
+            raise InputTooLargeError(
                 f"input: encoded size {size} bytes exceeds max_input_bytes "
                 f"({self._config.max_input_bytes})"
             )
@@ -182,7 +184,7 @@ class Submitter(SessionPart):
                         trace.traceparent,
                     )
                 )
-            except BackendUnavailableError:
+            except (BackendUnavailableError, InternalError):
                 # It may have been written, and queued for a holder: a refused submit must never
                 # run, so it is withdrawn while no holder took it, followed if one did.
                 if forward is not None and await self._taken(session_id, key, turn_id):

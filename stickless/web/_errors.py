@@ -16,6 +16,8 @@ from .._errors import (
     ConflictingAgentError,
     EventCursorAheadError,
     IdempotencyConflictError,
+    InputTooLargeError,
+    InternalError,
     InvalidRequestError,
     RouterClosedError,
     SessionBusyError,
@@ -62,6 +64,8 @@ def error_response(exc: Exception) -> Response | None:
         return _json(400, "INVALID_REQUEST", _validation_message(exc))
     if isinstance(exc, ValidationError):
         return _json(400, "INVALID_REQUEST", field_errors(exc))
+    if isinstance(exc, InputTooLargeError):
+        return _json(413, "INPUT_TOO_LARGE", exc.message)
     if isinstance(exc, InvalidRequestError):
         return _json(400, "INVALID_REQUEST", exc.message)
     if isinstance(exc, EventCursorAheadError):
@@ -80,6 +84,8 @@ def error_response(exc: Exception) -> Response | None:
         return _json(503, "BACKEND_UNAVAILABLE", exc.message, {"Retry-After": RETRY_AFTER})
     if isinstance(exc, RouterClosedError):
         return _json(503, "ROUTER_CLOSED", exc.message, {"Retry-After": RETRY_AFTER})
+    if isinstance(exc, InternalError):  # no Retry-After: the same request fails the same way
+        return _json(500, "INTERNAL_ERROR", exc.message)
     return None
 
 

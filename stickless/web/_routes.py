@@ -6,18 +6,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from .._errors import EventCursorTrimmedError, TurnFailedError
+from .._errors import EventCursorTrimmedError, IdempotencyConflictError, TurnFailedError
 from .._events import Event
 from .._trace import TraceContext
 from .._types import Principal, SubmitRequest, TurnResult, field_errors, is_session_id
+from ..backends.base import MAX_VERSION
 from ..router import SessionRouter, SubmitOrigin, TurnState
 from ..router._background import io
 from ..router._stream import check_cursor, logged_frames
@@ -25,6 +26,8 @@ from ._auth import ANONYMOUS, Action, Authenticator, Authorizer, OwnerOnly
 from ._errors import HttpError, MappedErrorsRoute
 from ._models import InterruptBody, Interrupted, Transcript, TurnAccepted, TurnBody, TurnView
 from ._sse import event_frame, gap_frame, named_frame, sse_response
+
+T = TypeVar("T")
 
 #: Longest `?wait=` a turn lookup honours (seconds).
 MAX_WAIT = 300.0
@@ -220,6 +223,21 @@ def _turn_request(
     return SubmitRequest(**fields)
 
 
+async def _as_sent(call: Awaitable[T], idempotency_key: str | None) -> T:
+    """Await a submit; an idempotency conflict names the key the client sent (the router only
+    knows the principal-scoped one).
+
+    Raises:
+        IdempotencyConflictError: the key was used before with a different input.
+    """
+    try:
+        return await call
+    except IdempotencyConflictError:
+        raise IdempotencyConflictError(
+            f"Idempotency-Key {idempotency_key!r} was used with a different input"
+        ) from None
+
+
 def _trace_headers(trace: TraceContext | None) -> dict[str, str]:
     """The submit span's context, for a client to join the turn's trace."""
     return {} if trace is None else {"traceparent": trace.traceparent}
@@ -258,7 +276,7 @@ def api_router(gateway: Gateway) -> APIRouter:
         submit = _turn_request(session_id, body, principal, idempotency_key, traceparent)
         await gateway.claim(principal, session_id)
         if _wants_events(request):
-            stream = await router.stream(submit)
+            stream = await _as_sent(router.stream(submit), idempotency_key)
             _read(stream.disposition.result)
             headers = {
                 "X-Turn-Id": stream.disposition.turn_id,
@@ -269,7 +287,7 @@ def api_router(gateway: Gateway) -> APIRouter:
             response = sse_response(_event_bytes(stream), gateway.settings.heartbeat)
             response.headers.update(headers)
             return response
-        disposition = await router.submit(submit)
+        disposition = await _as_sent(router.submit(submit), idempotency_key)
         _read(disposition.result)
         status = {SubmitOrigin.NEW: "queued", SubmitOrigin.ATTACHED: "running"}.get(
             disposition.origin
@@ -399,7 +417,7 @@ def api_router(gateway: Gateway) -> APIRouter:
 
     @api.get("/sessions/{session_id}/transcript", response_model=Transcript)
     async def transcript(
-        session_id: str, request: Request, after: Annotated[int, Query(ge=0)] = 0
+        session_id: str, request: Request, after: Annotated[int, Query(ge=0, le=MAX_VERSION)] = 0
     ) -> Transcript:
         """The session's committed transcript (`?after=N`: only the entries past version N)."""
         principal = await gateway.principal(request)

@@ -153,7 +153,7 @@ async def test_a_letter_round_trips_envelope_attempts_and_raw_bytes(backends: Ba
     assert got_unreadable.envelope is None
     assert got_unreadable.raw == big[:MAX_RAW_BYTES]
     assert f"entry of {len(big)} bytes" in got_unreadable.reason
-    assert (got_unreadable.turn_id, got_unreadable.idempotency_key) == ("t9", "c:k9")
+    assert (got_unreadable.turn_id, got_unreadable.idempotency_key) == ("t9", "k9")
 
 
 async def test_a_corrupt_stored_letter_is_listed_as_unreadable(

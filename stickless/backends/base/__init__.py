@@ -67,6 +67,7 @@ from ._leases import (
 from ._liveness import HOLDER_INDEX_TTL, Liveness
 from ._owners import SessionOwners
 from ._records import (
+    MAX_VERSION,
     RecordStore,
     RecordView,
     StagedCommit,
@@ -81,6 +82,7 @@ from ._signals import (
 
 __all__ = [
     "HOLDER_INDEX_TTL",
+    "MAX_VERSION",
     "MAX_RAW_BYTES",
     "REJECTED",
     "RELAY_BATCH_WINDOW",

@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from ..._types import MAX_ID_LENGTH, MAX_MESSAGE_CHARS
-from ...wire import Envelope, WireError, pack, unpack
+from ...wire import Envelope, WireError, client_key, pack, unpack
 from ._idempotency import AttemptRecord
 
 #: Bytes of an unreadable entry a letter keeps; the rest is dropped (the letter says how many).
@@ -54,8 +54,9 @@ class DeadLetter:
     """A message that will not run again by itself.
 
     `source_id` is the inbox message id it came from ("" for a turn submitted on its holder);
-    `idempotency_key` is its reservation key as the envelope carries it (`c:<client key>` or
-    the internal `t:<turn id>`). `envelope` is None for an unreadable inbox entry, whose bytes
+    `reservation_key` is its reservation key as the envelope carries it (`c:<client key>` or
+    the internal `t:<turn id>`), and `idempotency_key` the client's key (None when the turn
+    had none). `envelope` is None for an unreadable inbox entry, whose bytes
     are kept in `raw`: at most the first MAX_RAW_BYTES (64 KiB), the rest is dropped and
     `reason` says how many bytes the entry had. `dead_at` is stamped with the store clock when
     the letter is added with 0. Free text (`reason`, each attempt's `error`) is cut to
@@ -69,7 +70,7 @@ class DeadLetter:
     letter_id: str
     session_id: str
     turn_id: str | None
-    idempotency_key: str | None
+    reservation_key: str | None
     source_id: str
     reason: str
     attempts: tuple[AttemptRecord, ...]
@@ -90,6 +91,11 @@ class DeadLetter:
             "attempts",
             tuple(replace(a, error=_cut(a.error)) for a in tuple(self.attempts)[-MAX_ATTEMPTS:]),
         )
+
+    @property
+    def idempotency_key(self) -> str | None:
+        """The idempotency key the client sent (None: the turn had none, or it is unknown)."""
+        return None if self.reservation_key is None else client_key(self.reservation_key)
 
 
 def letter_id_for(session_id: str, turn_id: str | None, source_id: str) -> str:
@@ -139,7 +145,7 @@ def letter_for_envelope(
         letter_id=letter_id_for(envelope.session_id, envelope.turn_id, source_id),
         session_id=envelope.session_id,
         turn_id=envelope.turn_id,
-        idempotency_key=envelope.key,
+        reservation_key=envelope.key,
         source_id=source_id,
         reason=reason,
         attempts=tuple(attempts),
@@ -152,7 +158,7 @@ def letter_for_unreadable(
     session_id: str,
     source_id: str,
     turn_id: str | None,
-    idempotency_key: str | None,
+    reservation_key: str | None,
     reason: str,
     raw: bytes | None,
 ) -> DeadLetter:
@@ -162,7 +168,7 @@ def letter_for_unreadable(
         letter_id=letter_id_for(session_id, turn_id, source_id),
         session_id=session_id,
         turn_id=turn_id,
-        idempotency_key=idempotency_key,
+        reservation_key=reservation_key,
         source_id=source_id,
         reason=reason,
         attempts=(),
@@ -178,7 +184,7 @@ def unreadable_letter(letter_id: str, session_id: str, data: bytes, why: str) ->
         letter_id=letter_id,
         session_id=session_id,
         turn_id=None,
-        idempotency_key=None,
+        reservation_key=None,
         source_id="",
         reason=f"unreadable stored letter: {why}",
         attempts=(),
@@ -208,6 +214,7 @@ class _Body(BaseModel):
     id: StrictStr = Field(max_length=MAX_LETTER_ID_LENGTH)
     session: StrictStr = Field(min_length=1, max_length=MAX_ID_LENGTH)
     turn: StrictStr | None = Field(default=None, max_length=MAX_ID_LENGTH)
+    #: The reservation key (`DeadLetter.reservation_key`): the client's key is derived from it.
     key: StrictStr | None = Field(default=None, max_length=4 * MAX_ID_LENGTH)
     source: StrictStr = Field(default="", max_length=MAX_ID_LENGTH)
     reason: StrictStr = Field(max_length=MAX_MESSAGE_CHARS)
@@ -227,7 +234,7 @@ def pack_letter(letter: DeadLetter) -> bytes:
         "id": letter.letter_id,
         "session": letter.session_id,
         "turn": letter.turn_id,
-        "key": letter.idempotency_key,
+        "key": letter.reservation_key,
         "source": letter.source_id,
         "reason": letter.reason,
         "attempts": [
@@ -267,7 +274,7 @@ def unpack_letter(data: bytes) -> DeadLetter:
             letter_id=body.id,
             session_id=body.session,
             turn_id=body.turn,
-            idempotency_key=body.key,
+            reservation_key=body.key,
             source_id=body.source,
             reason=body.reason,
             attempts=tuple(

@@ -41,10 +41,18 @@ class StagedCommit:
         ]
 
 
+#: The largest transcript version a read accepts: Redis list indexes are signed 64-bit, and no
+#: transcript comes near it (a read past the last version is simply empty).
+MAX_VERSION = 2**63 - 1
+
+
 def check_version(after: int) -> None:
-    """Raises: ValueError: `after` is not a transcript version (an int >= 0)."""
-    if type(after) is not int or after < 0:
-        raise ValueError(f"after: must be a transcript version (an int >= 0), not {after!r}")
+    """Raises: ValueError: `after` is not a transcript version (an int from 0 to MAX_VERSION)."""
+    if type(after) is not int or not 0 <= after <= MAX_VERSION:
+        shown = repr(after)[:60]
+        raise ValueError(
+            f"after: must be a transcript version (an int from 0 to {MAX_VERSION}), not {shown}"
+        )
 
 
 class RecordStore(Protocol):
