@@ -27,7 +27,7 @@ from stickless import (
 from stickless._types import MAX_ID_LENGTH, MAX_MESSAGE_CHARS
 from stickless.actors import EventRelay, Queued
 from stickless.actors._ending import retrying_frame
-from stickless.actors._sizes import frame_limit, split_runs, split_text
+from stickless.actors._sizes import FrameSizes, frame_limit, split_runs, split_text
 from stickless.actors._work import TurnWork
 from stickless.wire import (
     EVENT_BATCH_ENVELOPE_BYTES,
@@ -87,6 +87,26 @@ def test_split_text_needs_room_for_any_character() -> None:
 def test_split_runs_keeps_order_and_budget(costs: list[int], budget: int, runs: list[int]) -> None:
     assert split_runs(costs, budget) == runs
     assert sum(runs) == len(costs)
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        TextDelta(session_id="s1", turn_id="t1", seq=1, text=""),
+        TextDelta(session_id="s1", turn_id="t1", seq=1, text="plain ascii"),
+        TextDelta(session_id="s1", turn_id="t1", seq=2**40, text="x" * 70_000),
+        ReasoningDelta(session_id="s1", turn_id="t1", seq=300, text="ab€é😀" * 1000),
+        TextDelta(
+            session_id="s1", turn_id="t1", seq=1, text="é", trace_id="a" * 32, span_id="b" * 16
+        ),
+        ToolUseStarted(session_id="s1", turn_id="t1", tool_use_id="u", name="n"),
+    ],
+)
+def test_frame_sizes_bound_the_encoded_size_tightly(frame: Event) -> None:
+    sizes = FrameSizes()
+    sizes.of(frame.model_copy(update={"seq": 7}))  # a delta's envelope, measured once
+    exact = len(encode_event(frame))
+    assert exact <= sizes.of(frame) <= exact + 12
 
 
 def test_the_envelope_reserve_covers_the_longest_ids() -> None:

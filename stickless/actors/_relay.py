@@ -19,8 +19,7 @@ from .._logs import get_logger
 from .._metrics import DROP_RANKS
 from .._trace import TraceContext
 from ..backends.base import TurnFrames
-from ..wire import encode_event
-from ._sizes import batch_budget, frame_cost, frame_limit, split_runs, split_text
+from ._sizes import FrameSizes, batch_budget, frame_cost, frame_limit, split_runs, split_text
 
 log = get_logger("stickless.relay")
 
@@ -32,12 +31,10 @@ FrameSink = Callable[[str, Sequence[Event]], Awaitable[None]]
 
 #: The default `max_relay_batch_bytes` (see RouterConfig).
 DEFAULT_BATCH_BYTES = 1024 * 1024
-#: Bytes a delta's piece keeps free for a longer encoding of its seq than the whole delta's.
-_SEQ_GROWTH = 8
 
 
 class Queued(NamedTuple):
-    """A stamped frame and its encoded size."""
+    """A stamped frame and its encoded size (or a bound a few bytes over it: `FrameSizes`)."""
 
     frame: Event
     size: int
@@ -118,6 +115,7 @@ class EventRelay:
         self._queue = RankedQueue(capacity)
         self._budget = batch_budget(max_batch_bytes)
         self._frame_limit = frame_limit(max_batch_bytes)
+        self._sizes = FrameSizes()
         self._seq = 0
         self._wake = asyncio.Event()
         self._closed = False
@@ -168,7 +166,7 @@ class EventRelay:
             FrameTooLargeError: a frame over the bound that is not a delta.
         """
         stamped = self.stamp(frame, self._seq + 1)
-        size = len(encode_event(stamped))
+        size = self._sizes.of(stamped)
         if size <= self._frame_limit:
             return [Queued(stamped, size)]
         if not isinstance(stamped, TextDelta | ReasoningDelta):
@@ -178,11 +176,12 @@ class EventRelay:
                 "only text_delta and reasoning_delta frames are cut to fit"
             )
         text = stamped.text
-        room = self._frame_limit - (size - len(text.encode("utf-8"))) - _SEQ_GROWTH
+        # (a delta's size bound holds for any seq: see FrameSizes)
+        room = self._frame_limit - (size - len(text.encode("utf-8")))
         pieces: list[Queued] = []
         for n, part in enumerate(split_text(text, room), start=self._seq + 1):
-            piece = self.stamp(frame.model_copy(update={"text": part}), n)
-            pieces.append(Queued(piece, len(encode_event(piece))))
+            piece = stamped.model_copy(update={"text": part, "seq": n})
+            pieces.append(Queued(piece, self._sizes.of(piece)))
         return pieces
 
     def stamp(self, frame: Event, seq: int | None = None) -> Event:
@@ -216,7 +215,7 @@ class EventRelay:
         """The turn's last frames for its finish to send in one batch: `terminal` (stamped)
         and the end of `tail` that fits one batch with it; the rest of `tail` goes to the sink
         first, in bounded batches, so every frame keeps its place."""
-        queued = [*tail, Queued(terminal, len(encode_event(terminal)))]
+        queued = [*tail, Queued(terminal, self._sizes.of(terminal))]
         ahead = len(queued) - split_runs([frame_cost(q.size) for q in queued], self._budget)[-1]
         await self._send_runs(queued[:ahead])
         last = queued[ahead:]

@@ -12,10 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..wire import EVENT_BATCH_ENVELOPE_BYTES, MAX_EVENT_ID_BYTES
+from .._events import Event, ReasoningDelta, TextDelta
+from ..wire import EVENT_BATCH_ENVELOPE_BYTES, MAX_EVENT_ID_BYTES, encode_event
 
 #: The longest UTF-8 encoding of one character: a piece of text is never shorter than this.
 _MAX_CHAR_BYTES = 4
+#: The seq a delta's measured envelope is encoded with: the longest msgpack integer (9 bytes).
+_LONGEST_SEQ = 2**64 - 1
+#: How much longer a msgpack string header can be than the empty string's (str32 vs fixstr).
+_STR_HEADER_GROWTH = 4
 
 
 def batch_budget(max_batch_bytes: int) -> int:
@@ -75,3 +80,24 @@ def split_text(text: str, max_bytes: int) -> list[str]:
         start = cut
     pieces.append(data[start:].decode("utf-8"))
     return pieces
+
+
+class FrameSizes:
+    """Encoded sizes of one relay's stamped frames, for its bounds: exact for most frames; for a
+    text or reasoning delta an upper bound within a few bytes, from its text's UTF-8 length and
+    the rest of the delta measured once per kind and trace (every other field of a delta is the
+    relay's stamp), so the common frame is not encoded twice on its way out."""
+
+    def __init__(self) -> None:
+        self._envelopes: dict[tuple[str, str, str], int] = {}
+
+    def of(self, frame: Event) -> int:
+        if not isinstance(frame, TextDelta | ReasoningDelta):
+            return len(encode_event(frame))
+        key = (frame.type, frame.trace_id, frame.span_id)
+        envelope = self._envelopes.get(key)
+        if envelope is None:
+            empty = frame.model_copy(update={"text": "", "seq": _LONGEST_SEQ})
+            envelope = self._envelopes[key] = len(encode_event(empty)) + _STR_HEADER_GROWTH
+        text = frame.text
+        return envelope + (len(text) if text.isascii() else len(text.encode("utf-8")))
