@@ -16,6 +16,9 @@ _NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,190}")
 #: Largest `max_input_bytes`: an envelope (input, request maps of at most 64 KiB each, ids)
 #: must stay below the wire's frame bound (`wire.MAX_FRAME_BYTES`, 32 MiB) to be decodable.
 MAX_INPUT_BYTES_BOUND = 16 * 1024 * 1024
+#: Bounds of `max_relay_batch_bytes`.
+MIN_RELAY_BATCH_BYTES = 256 * 1024
+MAX_RELAY_BATCH_BYTES = 8 * 1024 * 1024
 
 
 class DeploymentMode(enum.StrEnum):
@@ -77,6 +80,14 @@ class RouterConfig(BaseModel):
     subscriber_queue_size: int = Field(default=1024, ge=1)
     #: Bound of a turn's remote fan-out queue (rank-based overflow past it).
     relay_queue_size: int = Field(default=4096, ge=1)
+    #: Largest relay batch, in bytes: one EVENT signal (one PUBLISH, one event-log script)
+    #: carries at most this much; a turn's frames go out in as many batches as that takes, and
+    #: every frame must fit one batch alone (see "Bounded messages" in docs/architecture.md).
+    #: At least 256 KiB (room for the longest runtime frame) and at most 8 MiB, well under
+    #: Redis's default pub/sub output-buffer limit (32 MiB) and the wire's frame bound.
+    max_relay_batch_bytes: int = Field(
+        default=1024 * 1024, ge=MIN_RELAY_BATCH_BYTES, le=MAX_RELAY_BATCH_BYTES
+    )
     #: What happens to the turn that was running when its holder was lost: "fail" answers
     #: HOLDER_LOST; "retry" runs it again on the session's next holder, as the next attempt,
     #: up to `holder_lost_max_attempts` runs in all (every turn then keeps a durable copy of its

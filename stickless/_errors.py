@@ -94,6 +94,12 @@ class InputTooLargeError(InvalidRequestError):
     """The input's encoded size is over `max_input_bytes` (HTTP 413); nothing was reserved."""
 
 
+class FrameTooLargeError(SticklessError, ValueError):
+    """An emitted frame is over the frame bound (`max_relay_batch_bytes` less the batch's
+    envelope) and is not a text or reasoning delta, the frames that are cut to fit; the
+    message names the bound. Nothing of the frame was sent."""
+
+
 class DeadLetterNotFoundError(SticklessError, LookupError):
     """No dead letter has this id (HTTP 404): it never existed, or was replayed or removed."""
 

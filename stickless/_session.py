@@ -144,7 +144,15 @@ class TurnContext:
         self._emitter = emitter
 
     def emit(self, frame: Event) -> None:
-        """Publish a frame to every subscriber; the relay stamps session, turn and seq."""
+        """Publish a frame to every subscriber; the relay stamps session, turn and seq.
+
+        A frame must fit one relay batch (`RouterConfig.max_relay_batch_bytes`, less about
+        2 KiB): a longer `TextDelta` or `ReasoningDelta` goes out as several in a row, its text
+        cut between characters (joined, they give the same text).
+
+        Raises:
+            FrameTooLargeError: any other frame over that bound (it is not sent).
+        """
         self._emitter(frame)
 
 

@@ -335,6 +335,14 @@ def encode_event(event: Event) -> bytes:
     return pack(event.model_dump(mode="json", exclude={"event_id"}))
 
 
+#: The largest packed event id: "<ms>-<n>", both 64-bit (41 characters and a 2-byte header),
+#: what a frame's id takes in its batch's EVENT signal.
+MAX_EVENT_ID_BYTES = 43
+#: Room an EVENT signal takes besides its frames and their ids (`event_batch_parts` with the
+#: largest array headers, for a session id and a node id of up to 200 characters each).
+EVENT_BATCH_ENVELOPE_BYTES = 2048
+
+
 def event_batch_parts(session_id: str, origin: str, count: int) -> tuple[bytes, bytes]:
     """The bytes around a relay batch's frames in its EVENT signal: the head (the signal up to
     an array of `count` frames) and the middle (up to an array of `count` event ids).

@@ -13,11 +13,11 @@ from stickless import (
     ToolUseStarted,
     TurnCompleted,
 )
-from stickless.actors import EventRelay, RankedQueue, Subscriber
+from stickless.actors import EventRelay, Queued, RankedQueue, Subscriber
 
 
-def kinds(frames: Sequence[Event]) -> list[str]:
-    return [f.type for f in frames]
+def kinds(queued: Sequence[Queued]) -> list[str]:
+    return [q.frame.type for q in queued]
 
 
 def test_overflow_sheds_reasoning_before_text_before_structure() -> None:
@@ -38,7 +38,7 @@ def test_reasoning_never_pushes_out_text() -> None:
     queue.push(TextDelta(text="b"))
     # A reasoning frame finds nothing of its rank to shed: the incoming frame is dropped
     queue.push(ReasoningDelta(text="x"))
-    assert [f.text for f in queue.take_all()] == ["a", "b"]  # type: ignore[union-attr]
+    assert [q.frame.text for q in queue.take_all()] == ["a", "b"]  # type: ignore[union-attr]
     assert queue.dropped == 1
 
 

@@ -6,6 +6,7 @@ from ._host import ActorHost, Later, StopReason
 from ._relay import (
     EventRelay,
     LastFrames,
+    Queued,
     RankedQueue,
     Subscriber,
     SubscriberHub,
@@ -21,6 +22,7 @@ __all__ = [
     "RankedQueue",
     "RunningTurn",
     "PendingEntry",
+    "Queued",
     "SessionActor",
     "StopReason",
     "Subscriber",

@@ -473,6 +473,7 @@ class SessionActor:
             after=self._last_relay,
             attempt=work.attempt,
             trace=span.context,
+            max_batch_bytes=host.config.max_relay_batch_bytes,
         )
         self._last_relay = relay
         relay.on_flushed(self._report_drops)

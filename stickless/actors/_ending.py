@@ -16,7 +16,7 @@ from .._types import TurnOutput
 from ..backends.base import FencedOut, Lease, StagedCommit
 from ..wire import Outcome
 from ._host import ActorHost
-from ._relay import EventRelay, LastFrames
+from ._relay import EventRelay
 from ._unrun import failed, failure
 from ._work import TurnWork
 
@@ -113,8 +113,9 @@ async def schedule(host: ActorHost, work: TurnWork, token: int, error: BaseExcep
 
 
 def retrying_frame(work: TurnWork, error: BaseException, node: str) -> TurnFailed:
-    """The frame ending a failed attempt that runs again (not the turn's end)."""
-    message = f"{type(error).__name__}: {error}"
+    """The frame ending a failed attempt that runs again (not the turn's end); its message is
+    the one an outcome would keep (cut: see `Outcome.message`), so the frame stays bounded."""
+    message = failure(work, FailureCode.FAILED, f"{type(error).__name__}: {error}", node).message
     return TurnFailed(message=message, executed_by=node, retrying=True)
 
 
@@ -251,15 +252,16 @@ async def _record_turn(
     unknown), and False when its commit was fenced out (then LEASE_LOST is what it records)."""
     work = running.work
     # The relay's last frames and the terminal one go in the step that records the answer
-    # (their order kept: the relay hands over only once its batch in flight is logged).
+    # (their order kept: the relay hands over only once its batch in flight is logged), as
+    # many as fit one batch with the terminal frame; the rest goes out through the relay first.
     tail = await relay.seal()
-    last = LastFrames.of(relay, tail, relay.stamp(terminal))
+    last = await relay.last_frames(tail, relay.stamp(terminal))
     try:
         try:
             return await host.complete(work, outcome, commit, last, bury=running.bury), True
         except FencedOut:
             lost, terminal = failed(work, FailureCode.LEASE_LOST, "commit fenced out", host.node_id)
-            last = last.replaced(relay.stamp(terminal, seq=last.terminal.seq))
+            last = await last.replaced(relay.stamp(terminal, seq=last.terminal.seq))
             return await host.complete(work, lost, None, last), False
     finally:
         if not last.consumed:  # (the finish failed outright: what is left still goes out)

@@ -37,7 +37,8 @@ class EventRelayPath(Protocol):
 
         The call is safe to repeat: a batch id seen among the session's last
         `RELAY_BATCH_WINDOW` batches appends and publishes nothing and answers the ids the
-        first call gave. An empty batch does nothing.
+        first call gave. An empty batch does nothing. The batch goes out whole, as one signal:
+        its size is the caller's to bound (the relay's `max_relay_batch_bytes`).
 
         Raises:
             ValueError: `batch_id` is empty or holds whitespace (see `check_batch_id`).
