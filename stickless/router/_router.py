@@ -151,8 +151,10 @@ class SessionRouter:
             )
         return cls(config, opener, backends, metrics or NOOP_METRICS, tracer_provider)
 
-    def _new_actor(self, session_id: str, lease: Lease, agent_ref: str | None) -> SessionActor:
-        return SessionActor(self._host, session_id, lease, agent_ref)
+    def _new_actor(
+        self, session_id: str, lease: Lease, agent_ref: str | None, provisioned: bool
+    ) -> SessionActor:
+        return SessionActor(self._host, session_id, lease, agent_ref, provisioned)
 
     def _enforce_lru(self) -> None:
         self._sweeps.enforce_lru()
