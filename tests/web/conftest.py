@@ -56,10 +56,11 @@ async def make_app(
         heartbeat: float = 15.0,
         max_input_bytes: int = 1024 * 1024,
         opener: LiveSessionOpener | None = None,
+        interrupt_grace: float = 2.0,
     ) -> Served:
         backends = MemoryBackends(max_len=max_len)
         router = SessionRouter.build(
-            config=RouterConfig(node_id="web-a", interrupt_grace=2.0),
+            config=RouterConfig(node_id="web-a", interrupt_grace=interrupt_grace),
             opener=opener or DemoOpener(token_delay=0.0),
             backends=backends,
         )

@@ -249,6 +249,17 @@ async def test_interrupt_stops_the_running_turn(served: Served) -> None:
            "INVALID_REQUEST")
 
 
+async def test_a_stale_stop_of_a_finished_turn_answers_at_once(
+    make_app: Callable[..., Any],
+) -> None:
+    # A grace of ten minutes: a Stop that waits for an answer nobody sends outlasts the test.
+    served: Served = await make_app(interrupt_grace=600.0)
+    finished = await _done(served.client, "s1", turn("done"))
+    stale = {"turn_id": finished["turn_id"], "reason": "STOP"}
+    stopped = await served.client.post("/v1/sessions/s1/interrupt", json=stale)
+    assert stopped.status_code == 202 and stopped.json() == {"interrupted": False}
+
+
 async def test_status_transcript_release_and_delete(served: Served) -> None:
     client = served.client
     await _done(client, "s1", turn("remember me"))
