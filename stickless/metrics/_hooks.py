@@ -89,6 +89,11 @@ METRICS: Mapping[str, MetricSpec] = {
             "stickless_retries_total", "Turn attempts started again (retry policy, lost holder)"
         ),
         _counter("stickless_dead_letters_total", "Messages kept in the dead-letter store"),
+        _counter(
+            "stickless_loop_failures_total",
+            "Rounds of a background loop that raised (the loop runs again after a backoff)",
+            "loop",
+        ),
     )
 }
 
@@ -154,6 +159,9 @@ class MetricHooks(abc.ABC):
 
     def on_dead_lettered(self, session_id: str, turn_id: str, reason: str) -> None:
         self._inc("stickless_dead_letters_total")
+
+    def on_loop_failure(self, node_id: str, loop: str) -> None:
+        self._inc("stickless_loop_failures_total", loop=loop)
 
     def on_pending_gauge(
         self, node_id: str, sessions: int, pending: int, oldest_idle: float | None

@@ -68,7 +68,10 @@ class SessionRouter:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self._status_flush: asyncio.TimerHandle | None = None
-        self._bg = Background(node_id)
+        safe_metrics = SafeMetrics(metrics)
+        self._bg = Background(
+            node_id, lambda loop: safe_metrics.emit("on_loop_failure", node_id, loop)
+        )
         self._renewer = LeaseRenewer(
             backends.clone(),
             node_id,
@@ -86,7 +89,7 @@ class SessionRouter:
             backends,
             self._renewer,
             self._bg,
-            SafeMetrics(metrics),
+            safe_metrics,
             self._callers,
             self._board,
             Tracing(tracer_provider),
@@ -188,6 +191,12 @@ class SessionRouter:
     def accepting(self) -> bool:
         """Started and not closed: calls are taken."""
         return self._started and not self._bg.closed
+
+    @property
+    def failing_loops(self) -> Mapping[str, str]:
+        """Background loops failing now (each failed round after round, or stopped), by name,
+        with why; empty while all are healthy. `/readyz` reports the node unready meanwhile."""
+        return self._bg.health.failing
 
     @property
     def renewer(self) -> LeaseRenewer:
