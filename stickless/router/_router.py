@@ -414,7 +414,8 @@ class SessionRouter:
         cancelled turn never runs and its callers get INTERRUPTED).
 
         Returns whether a turn was interrupted or cancelled, as far as this node learns within
-        `interrupt_grace` (the node that acted tells it).
+        `interrupt_grace` (the node that acted tells it); False at once for a `turn_id` the store
+        records as answered (or does not know).
 
         Raises:
             BackendUnavailableError: the interrupt could not be sent to the cluster.
