@@ -6,6 +6,7 @@ Redis."""
 from __future__ import annotations
 
 import asyncio
+from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -16,38 +17,41 @@ from stickless import (
     FailureCode,
     LiveSession,
     SubmitDisposition,
+    SubmitKind,
     SubmitRequest,
     TurnFailedError,
 )
 from stickless.testing import LocalCluster
 
-from .agents import Journal, ScriptedOpener
+from .agents import Journal, ScriptedOpener, wait_until
 from .conftest import BACKENDS, FAST
+from .test_failures import QUICK, lease_expired
 
 
 class Registry:
     """Opens scripted sessions for the agents it knows and refuses any other name (as an
-    opener over a registry of agents does); `hold` makes every open wait until it is set."""
+    opener over a registry of agents does); an open of an agent in `holds` waits until its
+    event is set."""
 
     def __init__(self, journal: Journal, known: tuple[str, ...] = ("bot", "helper")) -> None:
         self._inner = ScriptedOpener(journal)
         self._known = known
-        self.hold: asyncio.Event | None = None
-        #: Set when an open has started (and waits on `hold`, if any).
-        self.opening = asyncio.Event()
+        self.holds: dict[str, asyncio.Event] = {}
+        #: Set, by agent, when an open of it has started (and waits on its hold, if any).
+        self.opening: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
 
     async def open(
         self, session_id: str, agent_ref: str, attributes: Mapping[str, Any]
     ) -> LiveSession:
-        self.opening.set()
-        if self.hold is not None:
-            await self.hold.wait()
+        self.opening[agent_ref].set()
+        if agent_ref in self.holds:
+            await self.holds[agent_ref].wait()
         if agent_ref not in self._known:
             raise LookupError(f"no agent named {agent_ref!r}")
         return await self._inner.open(session_id, agent_ref, attributes)
 
 
-MakeCluster = Callable[[], LocalCluster]
+MakeCluster = Callable[..., LocalCluster]
 
 
 @pytest.fixture
@@ -57,11 +61,12 @@ def registry(journal: Journal) -> Registry:
 
 @pytest.fixture(params=BACKENDS)
 def make_cluster(request: pytest.FixtureRequest, registry: Registry) -> MakeCluster:
-    """Two nodes over the selected backend, opening sessions through `registry`."""
+    """Two nodes over the selected backend, opening sessions through `registry`:
+    `make_cluster(**config_overrides)`."""
     if request.param == "redis":
         url = request.getfixturevalue("redis_url")
-        return lambda: LocalCluster.over_redis(url, 2, opener=registry, **FAST)
-    return lambda: LocalCluster(2, opener=registry, **FAST)
+        return lambda **kw: LocalCluster.over_redis(url, 2, opener=registry, **{**FAST, **kw})
+    return lambda **kw: LocalCluster(2, opener=registry, **{**FAST, **kw})
 
 
 @pytest.fixture
@@ -104,14 +109,14 @@ async def test_messages_queued_while_unbound_are_judged_when_the_binding_is_writ
 ) -> None:
     a, b = cluster.nodes
     # Given the first turn (a refused agent) is being opened on node a
-    registry.hold = asyncio.Event()
+    registry.holds["nope"] = asyncio.Event()
     first = await a.submit(ask("nope", "typo"))
-    await registry.opening.wait()
+    await registry.opening["nope"].wait()
     # And, while the session is unbound, node b forwards a turn for "bot", then one for "helper"
     good = await b.submit(ask("bot", "hello"))
     other = await b.submit(ask("helper", "hi there"))
     # When the opener answers
-    registry.hold.set()
+    registry.holds["nope"].set()
     # Then the refused agent's turn failed and bound nothing, the first accepted agent is bound
     # and ran, and the queued turn for another agent is answered CONFLICTING_AGENT, never run
     assert (await failure(first)).code is FailureCode.FAILED
@@ -149,3 +154,35 @@ async def test_concurrent_first_submits_for_two_agents_bind_one(
     assert bound in ("bot", "helper")
     assert outcomes == {agent: "ran" if agent == bound else "conflict" for agent in outcomes}
     assert len(journal.texts("s1")) == 1
+
+
+async def test_a_holder_paused_past_its_lease_binds_nothing(
+    make_cluster: MakeCluster, registry: Registry, journal: Journal
+) -> None:
+    # (no holder-loss sweep within the test: the fence answers, not the sweep)
+    async with make_cluster(**{**QUICK, "holder_loss_sweep_interval": 600.0}) as cluster:
+        a, b = cluster.nodes
+        # Given node a is opening the session's first agent, slowly
+        registry.holds["bot"] = asyncio.Event()
+        late = await a.submit(ask("bot", "late"))
+        await registry.opening["bot"].wait()
+        # And a is paused past its lease, and b takes the session for another agent, whose
+        # open is slow too
+        a.renewer.pause()
+        await wait_until(lambda: lease_expired(cluster), within=10)
+        registry.holds["helper"] = asyncio.Event()
+        taken = await b.submit(ask("helper", "from b"))
+        assert taken.kind is SubmitKind.EXECUTED_LOCALLY
+        await registry.opening["helper"].wait()
+        # When a's opener accepts its agent, and a binds it under its old lease
+        registry.holds["bot"].set()
+        await wait_until(lambda: "s1" in journal.closed, within=10)  # a's handle, closed unused
+        # Then the fence refused that binding: the session is still unbound
+        assert await cluster.backends.records.binding("s1") is None
+        # And b binds its own agent and runs; a's turn is answered without running
+        registry.holds["helper"].set()
+        assert (await taken.result).text == "echo:from b"
+        assert await cluster.backends.records.binding("s1") == "helper"
+        a.renewer.resume()
+        assert (await failure(late)).code is FailureCode.CONFLICTING_AGENT
+        assert journal.texts("s1") == ["from b"]
