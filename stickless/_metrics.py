@@ -70,6 +70,12 @@ class SessionMetrics(Protocol):
         """A message went to the dead-letter store (attempts exhausted, or unreadable)."""
         ...
 
+    def on_loop_failure(self, node_id: str, loop: str) -> None:
+        """A round of one of the node's background loops (`loop`: heartbeat, forward_poll,
+        cache_sweep, status_heartbeat, holder_loss_sweep) raised; the loop runs again after a
+        backoff (see "Supervised loops" in docs/architecture.md)."""
+        ...
+
     def on_pending_gauge(
         self, node_id: str, sessions: int, pending: int, oldest_idle: float | None
     ) -> None:
@@ -129,6 +135,9 @@ class NoopMetrics:
         return None
 
     def on_dead_lettered(self, session_id: str, turn_id: str, reason: str) -> None:
+        return None
+
+    def on_loop_failure(self, node_id: str, loop: str) -> None:
         return None
 
     def on_pending_gauge(

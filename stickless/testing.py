@@ -206,6 +206,9 @@ class CountingMetrics:
     def on_dead_lettered(self, session_id: str, turn_id: str, reason: str) -> None:
         self._record("on_dead_lettered", session_id, turn_id, reason)
 
+    def on_loop_failure(self, node_id: str, loop: str) -> None:
+        self._record("on_loop_failure", node_id, loop)
+
     def on_pending_gauge(
         self, node_id: str, sessions: int, pending: int, oldest_idle: float | None
     ) -> None:

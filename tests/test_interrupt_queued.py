@@ -7,7 +7,7 @@ import pytest
 from stickless import FailureCode
 
 from .agents import Journal, failure_code, req
-from .conftest import make_cluster
+from .conftest import ClusterFactory, make_cluster
 
 
 @pytest.mark.parametrize("where", ["local", "forwarded"])
@@ -59,3 +59,27 @@ async def test_an_interrupt_with_nothing_to_stop_says_so(journal: Journal) -> No
         assert await holder.interrupt("s1") is False
         assert await other.interrupt("nobody") is False
         assert await holder.interrupt("s1", turn_id="0" * 32) is False
+
+
+async def test_an_interrupt_naming_a_finished_turn_answers_at_once(
+    cluster_over: ClusterFactory, journal: Journal
+) -> None:
+    # A grace of ten minutes: an interrupt that waits for an answer nobody sends would outlast
+    # the test's own timeout.
+    async with cluster_over(nodes=2, interrupt_grace=600.0) as cluster:
+        holder, other = cluster.nodes
+        # Given a turn that finished on its holder
+        done = await holder.submit(req("s1", "done"))
+        await done.result
+        # When a node that does not hold the session, then the holder, interrupt it by its id,
+        # and a turn id the session never had
+        # Then each says at once that nothing was stopped
+        assert await other.interrupt("s1", turn_id=done.turn_id) is False
+        assert await holder.interrupt("s1", turn_id=done.turn_id) is False
+        assert await other.interrupt("s1", turn_id="0" * 32) is False
+        # And a running turn named from another node is still interrupted
+        journal.gate("long")
+        running = await holder.submit(req("s1", "long"))
+        await journal.entered["long"].wait()
+        assert await other.interrupt("s1", turn_id=running.turn_id) is True
+        assert await failure_code(running.result) is FailureCode.INTERRUPTED

@@ -42,6 +42,7 @@ HOOKS: list[tuple[str, tuple[Any, ...], str, dict[str, str], float]] = [
     ("on_retried", ("s1", "t1", 2), "retries_total", {}, 1),
     ("on_dead_lettered", ("s1", "t1", "failed 3 attempt(s)"), "dead_letters_total", {}, 1),
     ("on_store_warnings", (1,), "store_warnings", {}, 1),
+    ("on_loop_failure", ("n1", "holder_loss_sweep"), "loop_failures_total", {"loop": "holder_loss_sweep"}, 1),  # noqa: E501
 ]  # fmt: skip
 
 

@@ -31,6 +31,7 @@ from ..wire import Outcome
 from ._collecting import admitted, fetch_batch
 from ._ending import (
     RunningTurn,
+    close_handle,
     conclude,
     exhausted,
     finish_turn,
@@ -53,15 +54,17 @@ class SessionActor:
     """Serializes one session's turns on the node that holds its lease."""
 
     def __init__(
-        self, host: ActorHost, session_id: str, lease: Lease, agent_ref: str | None
+        self, host: ActorHost, session_id: str, lease: Lease, agent_ref: str | None, ready: bool
     ) -> None:
         self._host = host
         self.session_id = session_id
         self.lease: Lease | None = lease
         #: Token of the lease this actor was created under (kept after the lease is dropped).
         self.token = lease.token
+        #: The session's agent binding (None: unbound), as read when the record was
+        #: provisioned under this lease (`ready`: by the claim that made the actor).
         self.agent_ref = agent_ref
-        self._provisioned = agent_ref is not None
+        self._provisioned = ready
         self._mailbox = Mailbox()
         #: The turn popped from the mailbox and being prepared (binding, handle), not started yet.
         self._starting: TurnWork | None = None
@@ -356,16 +359,18 @@ class SessionActor:
         if not task.done():
             task.cancel()
 
-    async def _ensure_binding(self, work: TurnWork) -> bool:
-        """Provision the record under this lease once; False when the message was answered."""
+    async def _ensure_binding(self, work: TurnWork, bind: str | None = None) -> bool:
+        """Provision the record under this lease once (and again to `bind` an agent the opener
+        accepted, if the session is unbound), then check the work's agent against the binding;
+        False when the message was answered or put back."""
         lease = self.lease
         if lease is None:
             self._put_back(work)  # handed back to the inbox when the host gives the session up
             return False
-        if not self._provisioned:
+        if bind is not None or not self._provisioned:
             try:
                 self.agent_ref = await self._host.backends.records.provision(
-                    self.session_id, work.agent_ref, lease.token
+                    self.session_id, bind, lease.token
                 )
             except FencedOut:
                 self._put_back(work)
@@ -375,7 +380,7 @@ class SessionActor:
                 await fail_store(self._host, work, exc)
                 return False
             self._provisioned = True
-        if work.agent_ref != self.agent_ref:
+        if self.agent_ref is not None and work.agent_ref != self.agent_ref:
             await reject(self._host, work, self.agent_ref)
             return False
         return True
@@ -384,16 +389,24 @@ class SessionActor:
         self._mailbox.push(work)
 
     async def _ensure_handle(self, work: TurnWork) -> LiveSession | None:
+        """The live handle, opened for the work's agent when there is none; an unbound session
+        is bound to that agent only once the opener accepted it ("Agent binding" in
+        docs/architecture.md), so a refused agent leaves it unbound."""
         if self._handle is not None:
             return self._handle
         attributes: dict[str, Any] = {"options": dict(work.options), **work.open_attributes}
         try:
-            self._handle = await self._host.open_handle(self.session_id, work.agent_ref, attributes)
+            handle = await self._host.open_handle(self.session_id, work.agent_ref, attributes)
         except Exception as exc:
             log.exception("opener failed for %s", self.session_id)
             await fail_unrun(self._host, work, f"opening the session failed: {exc}")
             return None
-        return self._handle
+        if self.agent_ref is None and not await self._ensure_binding(work, bind=work.agent_ref):
+            # (another agent was bound first, or the work was put back)
+            await close_handle(self._host, self.session_id, handle)
+            return None
+        self._handle = handle
+        return handle
 
     def _report_drops(self, relay: EventRelay) -> None:
         if relay.dropped:
@@ -594,8 +607,5 @@ class SessionActor:
         pending = self._mailbox.drain()
         handle, self._handle = self._handle, None
         if handle is not None:
-            try:
-                await asyncio.wait_for(handle.aclose(), self._host.config.release_interrupt_timeout)
-            except Exception:
-                log.exception("closing the live session %s failed", self.session_id)
+            await close_handle(self._host, self.session_id, handle)
         return pending

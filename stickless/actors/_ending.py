@@ -208,6 +208,14 @@ async def tell_turn_ended(
         log.exception("LiveSession.turn_ended failed")
 
 
+async def close_handle(host: ActorHost, session_id: str, handle: LiveSession) -> None:
+    """Close a live session, bounded by `release_interrupt_timeout`; a failure is logged."""
+    try:
+        await asyncio.wait_for(handle.aclose(), host.config.release_interrupt_timeout)
+    except Exception:
+        log.exception("closing the live session %s failed", session_id)
+
+
 async def finish_turn(
     host: ActorHost,
     running: RunningTurn,

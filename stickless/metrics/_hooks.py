@@ -93,6 +93,11 @@ METRICS: Mapping[str, MetricSpec] = {
             "stickless_store_warnings",
             "Warnings the store reported at start (e.g. an evicting Redis allowed; see /readyz)",
         ),
+        _counter(
+            "stickless_loop_failures_total",
+            "Rounds of a background loop that raised (the loop runs again after a backoff)",
+            "loop",
+        ),
     )
 }
 
@@ -158,6 +163,9 @@ class MetricHooks(abc.ABC):
 
     def on_dead_lettered(self, session_id: str, turn_id: str, reason: str) -> None:
         self._inc("stickless_dead_letters_total")
+
+    def on_loop_failure(self, node_id: str, loop: str) -> None:
+        self._inc("stickless_loop_failures_total", loop=loop)
 
     def on_pending_gauge(
         self, node_id: str, sessions: int, pending: int, oldest_idle: float | None

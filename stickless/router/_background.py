@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -11,6 +12,7 @@ from .._errors import SticklessError
 from .._logs import get_logger, task_context
 from .._store_errors import store_error
 from ..backends.base import FencedOut
+from ._loops import LoopHealth, next_pause
 
 log = get_logger("stickless.router")
 
@@ -89,22 +91,74 @@ class KeyedLocks:
 
 
 class Background:
-    """The node's background work: long-running loops and one-off tasks, stopped together."""
+    """The node's background work: supervised loops and one-off tasks, stopped together."""
 
-    def __init__(self, node_id: str) -> None:
+    def __init__(self, node_id: str, on_loop_failure: Callable[[str], None] | None = None) -> None:
         #: Every task starts as this node's (see stickless/_logs.py).
         self._node_id = node_id
+        #: Told the name of a loop each time one of its rounds fails (the metric).
+        self._on_loop_failure = on_loop_failure or (lambda name: None)
         #: Set once the router stops accepting work (closing or killed); parts check it.
         self.closed = False
+        self.health = LoopHealth()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
 
-    def start_loops(self, *loops: Coroutine[Any, Any, None]) -> None:
-        loop = asyncio.get_running_loop()
-        self._loops.extend(
-            loop.create_task(coro, context=task_context(node_id=self._node_id)) for coro in loops
+    def start_loop(
+        self,
+        name: str,
+        interval: float,
+        work: Callable[[], Awaitable[None]],
+        *,
+        at_once: bool = False,
+    ) -> None:
+        """Run `work` every `interval` seconds (the first round `at_once`, else after one
+        interval) until the router stops, supervised (see `_supervise`)."""
+        task = asyncio.get_running_loop().create_task(
+            self._supervise(name, interval, work, at_once),
+            name=f"loop:{name}",
+            context=task_context(node_id=self._node_id),
         )
+        task.add_done_callback(functools.partial(self._loop_ended, name))
+        self._loops.append(task)
+
+    async def _supervise(
+        self, name: str, interval: float, work: Callable[[], Awaitable[None]], at_once: bool
+    ) -> None:
+        """A round that raises is logged with its traceback and counted, and the loop goes on
+        after a backoff; failing rounds in a row make it failing (`health`) until one succeeds
+        (see stickless/router/_loops.py)."""
+        if not at_once and not await self.pause(interval):
+            return
+        while True:
+            try:
+                await work()
+            except Exception as exc:
+                failures = self.health.failed(name, exc)
+                pause = next_pause(interval, failures)
+                log.error(
+                    "background loop %s failed (%d round(s) in a row); it runs again in %.2fs",
+                    name,
+                    failures,
+                    pause,
+                    exc_info=exc,
+                )
+                self._on_loop_failure(name)
+            else:
+                self.health.succeeded(name)
+                pause = interval
+            if not await self.pause(pause):
+                return
+
+    def _loop_ended(self, name: str, task: asyncio.Task[None]) -> None:
+        """A loop's task ended: unless the router stops it, it died (a BaseException), and the
+        node reports it failing for good."""
+        if task.cancelled() or self._stopping.is_set():
+            return
+        error = task.exception()
+        log.error("background loop %s stopped", name, exc_info=error)
+        self.health.stopped(name, error)
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str = "") -> None:
         """Run a one-off task; its failure is logged, never raised into the caller."""

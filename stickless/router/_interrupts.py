@@ -9,7 +9,7 @@ import uuid
 from .._errors import FailureCode, InvalidRequestError
 from .._events import Interrupted, traced
 from ..wire import InterruptAckPayload, InterruptPayload, Outcome, Signal, SignalKind
-from ._background import io, quiet
+from ._background import io, log, quiet
 from ._session_part import SessionPart
 
 #: Longest interrupt reason accepted.
@@ -32,6 +32,8 @@ class Interrupts(SessionPart):
         """
         _check_reason(reason)
         acted = await self._act(session_id, reason, turn_id)
+        if not acted and turn_id is not None and await self._ended(session_id, turn_id):
+            return False  # nothing to stop anywhere: no node would answer within the grace
         request_id = uuid.uuid4().hex
         ack = asyncio.get_running_loop().create_future()
         self._acks[request_id] = ack
@@ -47,6 +49,16 @@ class Interrupts(SessionPart):
             return True
         finally:
             del self._acks[request_id]
+
+    async def _ended(self, session_id: str, turn_id: str) -> bool:
+        """Whether the store records the turn as answered, or knows no such turn (expired,
+        superseded, never submitted); False when it cannot be read (then ask the cluster)."""
+        try:
+            found = await self._backends.idempotency.find_turn(session_id, turn_id)
+        except Exception as exc:
+            log.warning("looking up turn %s before interrupting it failed: %s", turn_id, exc)
+            return False
+        return found is None or found.outcome is not None
 
     def on_interrupt(self, signal: Signal) -> None:
         """Another node asks to interrupt: act under the session's lock, so a doorbell or claim

@@ -74,9 +74,11 @@ class SessionRouter:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self._status_flush: asyncio.TimerHandle | None = None
-        self._bg = Background(node_id)
-        self._metrics = SafeMetrics(metrics)
+        self._metrics = safe_metrics = SafeMetrics(metrics)
         self._store_warnings: tuple[str, ...] = ()
+        self._bg = Background(
+            node_id, lambda loop: safe_metrics.emit("on_loop_failure", node_id, loop)
+        )
         self._renewer = LeaseRenewer(
             backends.clone(),
             node_id,
@@ -94,7 +96,7 @@ class SessionRouter:
             backends,
             self._renewer,
             self._bg,
-            self._metrics,
+            safe_metrics,
             self._callers,
             self._board,
             Tracing(tracer_provider),
@@ -159,8 +161,10 @@ class SessionRouter:
             )
         return cls(config, opener, backends, metrics or NOOP_METRICS, tracer_provider)
 
-    def _new_actor(self, session_id: str, lease: Lease, agent_ref: str | None) -> SessionActor:
-        return SessionActor(self._host, session_id, lease, agent_ref)
+    def _new_actor(
+        self, session_id: str, lease: Lease, agent_ref: str | None, provisioned: bool
+    ) -> SessionActor:
+        return SessionActor(self._host, session_id, lease, agent_ref, provisioned)
 
     def _enforce_lru(self) -> None:
         self._sweeps.enforce_lru()
@@ -194,6 +198,12 @@ class SessionRouter:
     def accepting(self) -> bool:
         """Started and not closed: calls are taken."""
         return self._started and not self._bg.closed
+
+    @property
+    def failing_loops(self) -> Mapping[str, str]:
+        """Background loops failing now (each failed round after round, or stopped), by name,
+        with why; empty while all are healthy. `/readyz` reports the node unready meanwhile."""
+        return self._bg.health.failing
 
     @property
     def renewer(self) -> LeaseRenewer:
@@ -436,7 +446,8 @@ class SessionRouter:
         cancelled turn never runs and its callers get INTERRUPTED).
 
         Returns whether a turn was interrupted or cancelled, as far as this node learns within
-        `interrupt_grace` (the node that acted tells it).
+        `interrupt_grace` (the node that acted tells it); False at once for a `turn_id` the store
+        records as answered (or does not know).
 
         Raises:
             BackendUnavailableError: the interrupt could not be sent to the cluster.

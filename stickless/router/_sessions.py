@@ -11,8 +11,9 @@ from ..backends.base import FencedOut, HeldElsewhere, Lease, NotLive
 from ._background import KeyedLocks, io, log, quiet
 from ._context import NodeContext, RouterPart
 
-#: Builds the actor of a session this node just claimed.
-ActorFactory = Callable[[str, Lease, "str | None"], SessionActor]
+#: Builds the actor of a session this node just claimed: its lease, the session's binding and
+#: whether the record was provisioned under that lease already (the binding is then known).
+ActorFactory = Callable[[str, Lease, "str | None", bool], SessionActor]
 
 
 #: How many named interrupts of turns not running here a node remembers.
@@ -91,7 +92,9 @@ class LocalSessions(RouterPart):
             return await io(self._backends.leases.acquire(session_id, self._node_id)), epoch
 
     async def claim(self, session_id: str, agent_ref: str | None) -> SessionActor | HeldElsewhere:
-        """Lease first, then binding, then record; a loser touches no record.
+        """Lease first, then (for a submit's `agent_ref`) the record provisioned and its binding
+        checked; a loser touches no record. Nothing is bound here: the actor binds an agent
+        once its opener accepted it.
 
         Raises:
             ConflictingAgentError: the record is bound to another agent (lease given back).
@@ -111,18 +114,18 @@ class LocalSessions(RouterPart):
         bound: str | None = None
         if agent_ref is not None:
             try:
-                bound = await io(self._backends.records.provision(session_id, agent_ref, won.token))
+                bound = await io(self._backends.records.provision(session_id, None, won.token))
             except BaseException:
                 self._renewer.untrack(session_id)
                 await quiet(self._backends.leases.release(won))
                 raise
-            if bound != agent_ref:
+            if bound is not None and bound != agent_ref:
                 self._renewer.untrack(session_id)
                 await quiet(self._backends.leases.release(won))
                 raise ConflictingAgentError(
                     f"session {session_id} is bound to agent {bound!r}, not {agent_ref!r}"
                 )
-        actor = self._new_actor(session_id, won, bound)
+        actor = self._new_actor(session_id, won, bound, agent_ref is not None)
         for (session, turn_id), reason in self._interrupts.items():
             if session == session_id:
                 actor.remember_cancel(turn_id, reason)

@@ -69,13 +69,12 @@ class Sweeps(SessionPart):
         self._handover = handover
 
     def start(self) -> None:
-        self._bg.start_loops(
-            self._heartbeat_loop(),
-            self._forward_poll_loop(),
-            self._cache_sweep_loop(),
-            self._status_heartbeat_loop(),
-            self._holder_loss_sweep_loop(),
-        )
+        config, loop = self._config, self._bg.start_loop
+        loop("heartbeat", config.heartbeat_interval, self._heartbeat, at_once=True)
+        loop("forward_poll", config.forward_poll_interval, self.poll_forwards)
+        loop("cache_sweep", max(0.05, min(config.idle_ttl / 2, 30.0)), self._cache_sweep)
+        loop("status_heartbeat", config.status_heartbeat_interval, self.status_heartbeat)
+        loop("holder_loss_sweep", config.holder_loss_sweep_interval, self._holder_loss_round)
 
     def enforce_lru(self) -> None:
         """Keep at most `max_cached_sessions` actors: close the least recently used idle ones;
@@ -87,17 +86,9 @@ class Sweeps(SessionPart):
             if not actor.busy:
                 self._handover.give_up_later(actor, StopReason.LRU)
 
-    async def _heartbeat_loop(self) -> None:
-        """Tell the renewer's watchdog that this loop is alive."""
-        interval = self._config.heartbeat_interval
-        while True:
-            self._renewer.beat()
-            if not await self._bg.pause(interval):
-                return
-
-    async def _forward_poll_loop(self) -> None:
-        while await self._bg.pause(self._config.forward_poll_interval):
-            await self.poll_forwards()
+    async def _heartbeat(self) -> None:
+        """Tell the renewer's watchdog that the node's event loop is alive."""
+        self._renewer.beat()
 
     async def poll_forwards(self) -> None:
         """Look up every pending forward's answer in the store (and re-ring orphaned inboxes)."""
@@ -165,17 +156,14 @@ class Sweeps(SessionPart):
             if withdrawn is not None:
                 self._callers.resolve(withdrawn)
 
-    async def _cache_sweep_loop(self) -> None:
-        interval = max(0.05, min(self._config.idle_ttl / 2, 30.0))
-        while await self._bg.pause(interval):
-            now = asyncio.get_running_loop().time()
-            for actor in idle_victims(self._sessions.actors(), now, self._config.idle_ttl):
-                self._handover.give_up_later(actor, StopReason.IDLE)
+    async def _cache_sweep(self) -> None:
+        now = asyncio.get_running_loop().time()
+        for actor in idle_victims(self._sessions.actors(), now, self._config.idle_ttl):
+            self._handover.give_up_later(actor, StopReason.IDLE)
 
-    async def _holder_loss_sweep_loop(self) -> None:
-        while await self._bg.pause(self._config.holder_loss_sweep_interval):
-            await self.sweep_holder_loss()
-            await self._scan_orphans()
+    async def _holder_loss_round(self) -> None:
+        await self.sweep_holder_loss()
+        await self._scan_orphans()
 
     async def sweep_holder_loss(self) -> None:
         """Clean up after every holder whose incarnation ended (its reservations made due),
@@ -250,10 +238,6 @@ class Sweeps(SessionPart):
             return
         for session_id in sessions:
             await self._sessions.claim_unheld(session_id)
-
-    async def _status_heartbeat_loop(self) -> None:
-        while await self._bg.pause(self._config.status_heartbeat_interval):
-            await self.status_heartbeat()
 
     async def status_heartbeat(self) -> None:
         """Read the backlog of every held session (one batched store call), feed the node

@@ -52,8 +52,8 @@ class NodeIdHeader:
 
 
 def probes_router(router: SessionRouter) -> APIRouter:
-    """`/healthz` (the process is up) and `/readyz` (the router takes calls and its backends
-    answer)."""
+    """`/healthz` (the process is up) and `/readyz` (the router takes calls, its background
+    loops run, and its backends answer)."""
     probes = APIRouter(tags=["probes"])
 
     @probes.get("/healthz")
@@ -64,6 +64,11 @@ def probes_router(router: SessionRouter) -> APIRouter:
     async def readyz() -> JSONResponse:
         if not router.accepting:
             body = error_body("ROUTER_CLOSED", f"router {router.node_id} takes no calls")
+            return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
+        failing = router.failing_loops
+        if failing:
+            why = "; ".join(f"{loop}: {reason}" for loop, reason in sorted(failing.items()))
+            body = error_body("LOOP_FAILING", f"background loop failing on {router.node_id}: {why}")
             return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
         try:
             async with asyncio.timeout(READY_TIMEOUT):

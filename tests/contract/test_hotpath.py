@@ -222,6 +222,25 @@ async def test_reserve_refuses_a_session_bound_to_another_agent_writing_nothing(
     assert found.state is ReservationState.IN_FLIGHT
 
 
+async def test_reserve_of_a_provisioned_unbound_session_refuses_no_agent(
+    backends: Backends,
+) -> None:
+    # Given a session whose record exists but no agent was bound yet
+    await backends.records.provision("s1", None, TOKEN)
+    # When submits for two agents reserve
+    first = await _reserve_as(backends, "agent-a")
+    second = await backends.hotpath.reserve(
+        "s1", "k2", "t2", "hash-t2", "node-a", "agent-b", LONG, DAY
+    )
+    # Then neither is refused (the binding decides later which one runs)
+    assert first == second == Reserved(quiet=True)
+    # ...until an agent is bound
+    await backends.records.provision("s1", "agent-a", TOKEN)
+    assert await backends.hotpath.reserve(
+        "s1", "k3", "t3", "hash-t3", "node-a", "agent-b", LONG, DAY
+    ) == Reserved(bound="agent-a")
+
+
 async def test_reserve_of_an_unbound_session_returns_what_exists(backends: Backends) -> None:
     # Given an unbound session whose key is reserved by another turn
     assert await _reserve_as(backends, "agent-a") == Reserved(quiet=True)

@@ -44,6 +44,44 @@ async def test_provision_with_other_agent_returns_existing_binding(backends: Bac
     assert view.agent_ref == "agent-a"
 
 
+async def test_provision_without_an_agent_leaves_the_session_unbound_until_one_binds(
+    backends: Backends,
+) -> None:
+    records = backends.records
+    # Given a session provisioned under token 3 with no agent (a holder before its opener
+    # accepted one)
+    assert await records.provision("s1", None, 3) is None
+    # Then it has a record with the fence and no binding
+    assert await records.load("s1") == RecordView("s1", None, 3)
+    assert await records.binding("s1") is None
+    # And a later provision without an agent leaves it unbound, raising the fence
+    assert await records.provision("s1", None, 4) is None
+    # When agent-a binds it, then agent-b tries to
+    assert await records.provision("s1", "agent-a", 4) == "agent-a"
+    assert await records.provision("s1", "agent-b", 4) == "agent-a"
+    # Then the first binding stays, and a provision without an agent answers it
+    assert await records.provision("s1", None, 4) == "agent-a"
+    assert await records.load("s1") == RecordView("s1", "agent-a", 4)
+
+
+async def test_a_fenced_out_bind_binds_nothing(backends: Backends) -> None:
+    records = backends.records
+    # Given an unbound session whose fence is 5
+    await records.provision("s1", None, 5)
+    # When a holder of an older lease binds its agent
+    with pytest.raises(FencedOut):
+        await records.provision("s1", "agent-a", 4)
+    # Then the session is still unbound, and the holder of the current lease binds its own
+    assert await records.binding("s1") is None
+    assert await records.provision("s1", "agent-b", 5) == "agent-b"
+
+
+async def test_a_bind_creates_a_missing_record(backends: Backends) -> None:
+    # Given no record (deleted meanwhile, say), an accepted agent binds under its token
+    assert await backends.records.provision("s1", "agent-a", 2) == "agent-a"
+    assert await backends.records.load("s1") == RecordView("s1", "agent-a", 2)
+
+
 async def test_provision_raises_fence_and_refuses_older_token(backends: Backends) -> None:
     # Given the session was provisioned under token 2
     await backends.records.provision("s1", "agent-a", 2)

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import uvicorn
 
-from stickless import MemoryBackends, RouterConfig, SessionRouter
+from stickless import LiveSessionOpener, MemoryBackends, RouterConfig, SessionRouter
 from stickless.demo.opener import DemoOpener
 from stickless.local_services import free_port
 from stickless.web import Authorizer, BearerTokens, GatewaySettings, create_app
@@ -55,11 +55,13 @@ async def make_app(
         max_len: int = 10_000,
         heartbeat: float = 15.0,
         max_input_bytes: int = 1024 * 1024,
+        opener: LiveSessionOpener | None = None,
+        interrupt_grace: float = 2.0,
     ) -> Served:
         backends = MemoryBackends(max_len=max_len)
         router = SessionRouter.build(
-            config=RouterConfig(node_id="web-a", interrupt_grace=2.0),
-            opener=DemoOpener(token_delay=0.0),
+            config=RouterConfig(node_id="web-a", interrupt_grace=interrupt_grace),
+            opener=opener or DemoOpener(token_delay=0.0),
             backends=backends,
         )
         await router.start()

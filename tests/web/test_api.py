@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI
 
+from stickless import LiveSession
+from stickless.demo.opener import DemoOpener
 from stickless.web import Gateway, GatewaySettings, api_router
 
 from .conftest import AGENT, Served, turn
@@ -90,6 +93,34 @@ async def test_a_session_bound_to_another_agent_conflicts(served: Served) -> Non
     await _done(served.client, "s1", turn("hi"))
     other = {"agent_ref": "another-agent", "input": "hi"}
     _error(await served.client.post("/v1/sessions/s1/turns", json=other), 409, "CONFLICTING_AGENT")
+
+
+class _OnlyTheDemoAgent(DemoOpener):
+    """The demo opener, refusing every other agent name."""
+
+    async def open(
+        self, session_id: str, agent_ref: str, attributes: Mapping[str, Any]
+    ) -> LiveSession:
+        if agent_ref != AGENT:
+            raise LookupError(f"no agent named {agent_ref!r}")
+        return await super().open(session_id, agent_ref, attributes)
+
+
+async def test_a_mistyped_first_agent_does_not_bind_the_session(
+    make_app: Callable[..., Any],
+) -> None:
+    served: Served = await make_app(opener=_OnlyTheDemoAgent(token_delay=0.0))
+    mistyped = {"agent_ref": "nope", "input": "hi"}
+    # Given a session's first turn names an agent the opener refuses
+    failed = await _done(served.client, "s1", mistyped)
+    assert failed["state"] == "failed" and failed["error"]["code"] == "FAILED"
+    assert "no agent named 'nope'" in failed["error"]["message"]
+    # Then a turn for the right agent runs
+    assert (await _done(served.client, "s1", turn("hello")))["state"] == "completed"
+    # And only then is the mistyped agent a conflict, naming the bound one
+    answer = await served.client.post("/v1/sessions/s1/turns", json=mistyped)
+    message = _error(answer, 409, "CONFLICTING_AGENT")
+    assert message == f"session s1 is bound to agent {AGENT!r}, not 'nope'"
 
 
 @pytest.mark.parametrize(
@@ -216,6 +247,17 @@ async def test_interrupt_stops_the_running_turn(served: Served) -> None:
     assert nothing.status_code == 202 and nothing.json() == {"interrupted": False}
     _error(await client.post("/v1/sessions/s1/interrupt", json={"colour": 1}), 400,
            "INVALID_REQUEST")
+
+
+async def test_a_stale_stop_of_a_finished_turn_answers_at_once(
+    make_app: Callable[..., Any],
+) -> None:
+    # A grace of ten minutes: a Stop that waits for an answer nobody sends outlasts the test.
+    served: Served = await make_app(interrupt_grace=600.0)
+    finished = await _done(served.client, "s1", turn("done"))
+    stale = {"turn_id": finished["turn_id"], "reason": "STOP"}
+    stopped = await served.client.post("/v1/sessions/s1/interrupt", json=stale)
+    assert stopped.status_code == 202 and stopped.json() == {"interrupted": False}
 
 
 async def test_status_transcript_release_and_delete(served: Served) -> None:

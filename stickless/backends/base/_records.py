@@ -13,7 +13,8 @@ class RecordView:
     """Read-only view of a session record."""
 
     session_id: str
-    agent_ref: str
+    #: The agent the session is bound to; None until an opener accepted one (see `provision`).
+    agent_ref: str | None
     fence: int
     #: The committed entries after the version the load asked for (all of them by default).
     entries: tuple[CommittedEntry, ...] = ()
@@ -69,15 +70,19 @@ class RecordStore(Protocol):
         ...
 
     async def binding(self, session_id: str) -> str | None:
-        """The agent the session is bound to (None without a record); reads no transcript."""
+        """The agent the session is bound to (None without a record, or while unbound); reads
+        no transcript."""
         ...
 
-    async def provision(self, session_id: str, agent_ref: str, token: int) -> str:
-        """Create the record bound to `agent_ref` if missing, raise its fence to `token`, and
-        return the agent the session is bound to (which may differ from `agent_ref`).
+    async def provision(self, session_id: str, agent_ref: str | None, token: int) -> str | None:
+        """Create the record if missing, raise its fence to `token`, and bind it to `agent_ref`
+        when one is given and the record is unbound, in one atomic step; return the agent the
+        session is bound to (None: unbound; it may differ from `agent_ref`: the first binding
+        stays). A holder binds only an agent its opener accepted ("Agent binding" in
+        docs/architecture.md), so a refused agent never binds a session.
 
         Raises:
-            FencedOut: `token` is older than the record's fence.
+            FencedOut: `token` is older than the record's fence (nothing written).
         """
         ...
 

@@ -72,8 +72,9 @@ class MemoryHotPath:
         raises before writing anything, so the delivery id has nothing to guard)."""
         with self._link.open() as state:
             record = state.records.get(session_id)
-            if record is not None and record.agent_ref != agent_ref:
-                return Reserved(bound=record.agent_ref)
+            bound = None if record is None else record.agent_ref
+            if bound is not None and bound != agent_ref:
+                return Reserved(bound=bound)
             now = state.clock()
             again = _queued_before(state, session_id, key, turn_id, forward, now)
             if again is not None:

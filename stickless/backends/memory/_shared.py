@@ -49,7 +49,7 @@ class LiveRow:
 class RecordRow:
     """A stored session record; entries are packed `CommittedEntry` maps."""
 
-    agent_ref: str
+    agent_ref: str | None
     fence: int
     entries: list[bytes] = field(default_factory=list)
 

@@ -111,20 +111,23 @@ class MemoryRecordStore:
         return RecordView(session_id, agent_ref, fence, entries, version)
 
     async def binding(self, session_id: str) -> str | None:
-        """The bound agent, or None without a record."""
+        """The bound agent, or None without a record or while unbound."""
         with self._link.open() as state:
             row = state.records.get(session_id)
             return None if row is None else row.agent_ref
 
-    async def provision(self, session_id: str, agent_ref: str, token: int) -> str:
-        """Create the record if missing, raise its fence to `token`, return the bound agent."""
+    async def provision(self, session_id: str, agent_ref: str | None, token: int) -> str | None:
+        """Create the record if missing, raise its fence to `token`, bind `agent_ref` if given
+        and unbound; the bound agent (see `RecordStore.provision`)."""
         with self._link.open() as state:
             row = state.records.get(session_id)
             if row is None:
-                row = state.records[session_id] = RecordRow(agent_ref, token)
+                row = state.records[session_id] = RecordRow(None, token)
             elif token < row.fence:
                 raise FencedOut(f"token {token} is older than fence {row.fence} of {session_id}")
             row.fence = max(row.fence, token)
+            if row.agent_ref is None:
+                row.agent_ref = agent_ref
             return row.agent_ref
 
     async def delete(self, session_id: str) -> None:

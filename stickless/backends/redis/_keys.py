@@ -69,7 +69,7 @@ class Keys:
         return f"{self.tag(session_id)}:tokens"
 
     def record(self, session_id: str) -> str:
-        """Hash {agent, fence} of the session record."""
+        """Hash {fence, agent (once bound)} of the session record."""
         return f"{self.tag(session_id)}:record"
 
     def transcript(self, session_id: str) -> str:

@@ -171,24 +171,26 @@ class RedisRecordStore(_Role):
         pipe.lrange(self._keys.transcript(session_id), after, -1)
         pipe.llen(self._keys.transcript(session_id))
         (agent, fence), packed, version = await pipe.execute()
-        if agent is None:
+        if fence is None:  # (every record has a fence; an unbound one has no agent yet)
             return None
         entries = tuple(CommittedEntry.model_validate(unpack(data)) for data in packed)
-        return RecordView(session_id, _text(agent), int(fence), entries, int(version))
+        bound = None if agent is None else _text(agent)
+        return RecordView(session_id, bound, int(fence), entries, int(version))
 
     async def binding(self, session_id: str) -> str | None:
-        """The bound agent, or None without a record (one HGET, no transcript)."""
+        """The bound agent, or None without a record or while unbound (one HGET)."""
         agent = await self._client.hget(self._keys.record(session_id), "agent")
         return None if agent is None else _text(agent)
 
-    async def provision(self, session_id: str, agent_ref: str, token: int) -> str:
-        """Create the record if missing, raise its fence to `token`, return the bound agent."""
+    async def provision(self, session_id: str, agent_ref: str | None, token: int) -> str | None:
+        """Create the record if missing, raise its fence to `token`, bind `agent_ref` if given
+        and unbound, in one script; the bound agent (see `RecordStore.provision`)."""
         reply = await self._scripts.record_provision(
-            keys=[self._keys.record(session_id)], args=[agent_ref, str(token)]
+            keys=[self._keys.record(session_id)], args=[agent_ref or "", str(token)]
         )
         if not int(reply[0]):
             raise FencedOut(f"token {token} is older than fence {_text(reply[1])} of {session_id}")
-        return _text(reply[1])
+        return _text(reply[1]) or None
 
     async def delete(self, session_id: str) -> None:
         """Drop the record and transcript; the lease token counter is kept."""
