@@ -13,17 +13,20 @@ local function expire_at(key, seconds)
   redis.call('PEXPIREAT', key, string.format('%.0f', math.ceil(seconds * 1000)))
 end
 
--- The next fencing token of a counter, as an integer string. A missing counter (never used,
--- expired, or lost with a restarted server) starts from the server clock in microseconds, above
--- every token an earlier counter of the session could have issued (one acquire takes far more
--- than a microsecond), so tokens never go back and a stale holder stays fenced out. Tokens stay
--- below 2^53, exact in Lua, until the year 2255.
+-- The next fencing token of a counter, as an integer string: one above the last token, and
+-- never below the server clock in microseconds. The clock floor is what keeps tokens from going
+-- back when the counter does: a counter that expired, was lost with a restarted server, or lost
+-- its last increments in a failover to a replica that had not received them (the promoted
+-- server's clock is past every token the old primary issued before the seconds a failover
+-- takes, given clocks that agree to within that), so a stale holder stays fenced out. Tokens
+-- stay below 2^53, exact in Lua, until the year 2255.
 local function next_token(key)
-  if redis.call('EXISTS', key) == 0 then
-    local t = redis.call('TIME')
-    redis.call('SET', key, string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2])))
-  end
-  return string.format('%.0f', redis.call('INCR', key))
+  local t = redis.call('TIME')
+  local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local token = math.max(tonumber(redis.call('GET', key) or '0') + 1, clock)
+  local text = string.format('%.0f', token)
+  redis.call('SET', key, text, 'KEEPTTL')
+  return text
 end
 
 -- Expire a token counter `token_ttl` after a lease expiring at `lease_exp` (no-op when nil).
