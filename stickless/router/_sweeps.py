@@ -1,5 +1,6 @@
-"""The router's periodic work: watchdog heartbeat, forward poll, cache sweep, holder-loss sweep,
-orphan scan and status heartbeat; the choice of sessions to close is a pure function."""
+"""The router's periodic work: watchdog heartbeat, command-path probe, forward poll, cache sweep,
+holder-loss sweep, orphan scan and status heartbeat; the choice of sessions to close is a pure
+function."""
 
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ class Sweeps(SessionPart):
     def start(self) -> None:
         self._bg.start_loops(
             self._heartbeat_loop(),
+            self._path_probe_loop(),
             self._forward_poll_loop(),
             self._cache_sweep_loop(),
             self._status_heartbeat_loop(),
@@ -93,6 +95,22 @@ class Sweeps(SessionPart):
         while True:
             self._renewer.beat()
             if not await self._bg.pause(interval):
+                return
+
+    async def _path_probe_loop(self) -> None:
+        """Show the renewer, every renewal interval, that this node's own connections reach the
+        store (one round trip, bounded): unanswered past `command_path_timeout`, the node
+        stops vouching for its sessions (see "Node liveness")."""
+        bound = self._config.command_path_timeout
+        while True:
+            self._renewer.probing()
+            try:
+                await asyncio.wait_for(self._backends.liveness.probe(), bound)
+            except Exception as exc:  # (the renewer judges how long it went unanswered)
+                log.warning("store probe failed on %s: %r", self._node_id, exc)
+            else:
+                self._renewer.answered()
+            if not await self._bg.pause(self._config.lease_extend_interval):
                 return
 
     async def _forward_poll_loop(self) -> None:

@@ -107,7 +107,7 @@ class MemoryBackends:
         """True once `sever()` was called."""
         return self._link.severed
 
-    def clone(self) -> MemoryBackends:
+    def clone(self, role: str = "clone") -> MemoryBackends:
         """This bundle itself: memory needs no per-loop connection, and severing cuts both."""
         return self
 
