@@ -101,14 +101,20 @@ class Sweeps(SessionPart):
         """Show the renewer, every renewal interval, that this node's own connections reach the
         store (one round trip, bounded): unanswered past `command_path_timeout`, the node
         stops vouching for its sessions (see "Node liveness")."""
-        bound = self._config.command_path_timeout
+        # A probe is cut short only at twice the bound: one that answers late still proves the
+        # path and keeps its connection (a new one costs several more round trips).
+        bound = 2 * self._config.command_path_timeout
+        failing = False
         while True:
             self._renewer.probing()
             try:
                 await asyncio.wait_for(self._backends.liveness.probe(), bound)
             except Exception as exc:  # (the renewer judges how long it went unanswered)
-                log.warning("store probe failed on %s: %r", self._node_id, exc)
+                if not failing:
+                    log.warning("store probe failed on %s: %r", self._node_id, exc)
+                failing = True
             else:
+                failing = False
                 self._renewer.answered()
             if not await self._bg.pause(self._config.lease_extend_interval):
                 return
