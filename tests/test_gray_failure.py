@@ -82,7 +82,7 @@ async def test_a_node_whose_command_path_stalls_lets_its_sessions_go(
     await cluster.open_gate("gray-held")
     await cluster.ended(sid, held["turn_id"])
     # Then a submit through B completes on another node while A is still stalled
-    taken = await asyncio.wait_for(b.client.run(request(sid, "taken")), FORWARD_TTL)
+    taken = await asyncio.wait_for(b.client.run(request(sid, "taken")), 2 * FORWARD_TTL)
     assert taken.executed_by != a.node_id
     # ...and the held turn is answered as lost with its holder
     with pytest.raises(TurnFailedError) as lost:
