@@ -42,8 +42,10 @@ from pathlib import Path
 
 import pytest
 
+from stickless import RouterConfig
+
 from . import test_multiprocess
-from .mp_cluster import MpCluster
+from .mp_cluster import FAST_CONFIG, MpCluster
 from .redis_fixture import RedisServer
 from .storm.checker import Checker
 from .storm.faults import CUT_SCRIPTS, FaultDriver, FaultNodes, FaultPlan, ProxyPool
@@ -93,6 +95,29 @@ FAULTS = FaultPlan(
 SOAK = os.environ.get("STICKLESS_SOAK") == "1"
 
 
+def serve_within(config: RouterConfig) -> float:
+    """The liveness invariant's bound (tests/storm/liveness.py): a stalled or dead holder is
+    noticed (its command path unanswered for `command_path_timeout`, checked every renewal
+    tick, or its liveness run out), its liveness runs out, a sweep frees its sessions, and the
+    forward poll or the sweep's claim brings their queued work to a healthy node; one more
+    lease TTL for the scheduling of node processes on a busy machine."""
+    return (
+        config.command_path_timeout
+        + 2 * config.lease_ttl
+        + 2 * config.lease_extend_interval
+        + config.holder_loss_sweep_interval
+        + config.forward_poll_interval
+    )
+
+
+#: The liveness bound of the storm's node processes.
+SERVE_WITHIN = serve_within(RouterConfig(**{**FAST_CONFIG, "forward_ttl": FORWARD_TTL}))
+#: The command-path stall wave: at this submit (between the store restart and the second kill
+#: wave), one node's command pool stalls for longer than the liveness bound, so a node that kept
+#: its sessions through it would leave them unserved past the bound.
+COMMAND_STALL = (130, SERVE_WITHIN + LEASE_TTL)
+
+
 async def fault_storm(
     seed: int,
     plan: WavePlan,
@@ -118,7 +143,10 @@ async def fault_storm(
             driver = FaultDriver(seed, faults, nodes, storm)
             # Given node processes under the seeded waves, with faults on their paths to Redis
             firing = asyncio.ensure_future(driver.run())
+            stalling = asyncio.ensure_future(driver.command_path_stall(*COMMAND_STALL))
             history = await storm.run()
+            stalling.cancel()  # (a storm too short for the wave: it never fires)
+            await asyncio.gather(stalling, return_exceptions=True)
             # When the faults stop, every caller has its answer and the survivors drained
             await driver.stop(firing)
             await nodes.record(history)
@@ -129,6 +157,7 @@ async def fault_storm(
                 excused=driver.excused,
                 lease_ttl=LEASE_TTL,
                 attempts_rerun=on_holder_lost == "retry",
+                serve_within=SERVE_WITHIN,
             )
             checker = Checker(history, rules)
             await checker.check(cluster.backends)

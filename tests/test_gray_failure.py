@@ -136,8 +136,10 @@ async def test_a_node_whose_command_path_is_slow_keeps_its_sessions(
     # bound, then its liveness running out, then a sweep), counted in B's dead-holder sweeps
     sweeps = pool.proxies[b.node_id]
     letting_go = config.command_path_timeout + config.lease_ttl + config.holder_loss_sweep_interval
-    due = sweeps.script_runs()["live_dead"] + 1 + math.ceil(
-        letting_go / config.holder_loss_sweep_interval
+    due = (
+        sweeps.script_runs()["live_dead"]
+        + 1
+        + math.ceil(letting_go / config.holder_loss_sweep_interval)
     )
     await sweeps.wait_until(lambda: sweeps.script_runs()["live_dead"] >= due, within=60)
     # Then A still holds the session (same incarnation, same lease) and runs a turn sent
