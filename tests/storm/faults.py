@@ -226,12 +226,22 @@ class FaultDriver:
         pool stalls for `seconds` while its renewals and its pub/sub connection go on (a gray
         failure: only the node's own check of its command path lets its sessions go)."""
         await self.nodes.submitted(at_submit)
-        node = self.target()
+        node = await self.busiest()
         entry = Armed("command_stall", node.node_id, self.nodes.submits, self.nodes.clock())
         entry.at, entry.seconds = time.monotonic(), seconds
         self.armed.append(entry)
         proxy = self.nodes.pool.proxies[node.node_id]
         entry.rule = proxy.stall("both", seconds=seconds, client=COMMAND_POOL)
+
+    async def busiest(self) -> NodeProcess:
+        """The running node process that holds the most sessions' leases."""
+        held: Counter[str] = Counter()
+        for session_id in self.storm.history.sessions:
+            lease = await self.nodes.cluster.backends.leases.current(session_id)
+            if lease is not None:
+                held[lease.holder] += 1
+        running = [n for n in self.nodes.alive() if not n.stopped] or self.nodes.alive()
+        return max(running, key=lambda node: held[node.node_id])
 
     async def resume(self, node: NodeProcess, entry: Armed) -> None:
         # (how long the process stays stopped: the fault itself, not a synchronisation)
