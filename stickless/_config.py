@@ -135,6 +135,13 @@ class RouterConfig(BaseModel):
         return self.watchdog_timeout if self.watchdog_timeout is not None else 3 * self.lease_ttl
 
     @property
+    def command_path_timeout(self) -> float:
+        """How long the store calls a node sends over its own connections may go unanswered
+        (while its loop runs) before it stops vouching for its sessions: one lease TTL (see
+        "Node liveness" in docs/architecture.md)."""
+        return self.lease_ttl
+
+    @property
     def heartbeat_interval(self) -> float:
         """How often the main loop tells the renewal watchdog it is alive."""
         return min(self.lease_extend_interval / 2, 1.0)

@@ -450,6 +450,36 @@ async def test_stall_to_client_of_selected_connections(
     assert await task == 1
 
 
+async def test_stall_of_one_client_name_holds_its_open_and_new_connections_only(
+    fault_proxy: FaultProxy, direct: Redis, clients: Clients
+) -> None:
+    # Given two pools, one named "app:commands" (one connection open already), one "app:other"
+    named = clients(fault_proxy.url(), client_name="app:commands")
+    other = clients(fault_proxy.url(), client_name="app:other")
+    await named.ping()
+    await other.ping()
+    # When every connection named "app:commands" is stalled
+    stall = fault_proxy.stall("both", client=named_of(fault_proxy, "app:commands"))
+    first = spawn(named.set("k", "1"))
+    await stall.wait_fired()
+    # Then a second connection of that pool (opened after the stall) is held too, from its
+    # SETNAME on, while the other pool's connection goes through
+    second = spawn(named.set("k2", "2"))
+    await stall.wait_fired(count=2)
+    assert await other.set("k3", "3") is True
+    assert await direct.get("k") is None and await direct.get("k2") is None
+    assert await not_done_yet(first) and await not_done_yet(second)
+    assert {c.name for c in fault_proxy.connections()} == {"app:commands", "app:other"}
+    stall.release()
+    assert await first is True and await second is True
+
+
+def named_of(proxy: FaultProxy, name: str) -> str:
+    """`name`, once the proxy saw a connection name itself so (CLIENT SETNAME)."""
+    assert name in {c.name for c in proxy.connections()}, proxy.connections()
+    return name
+
+
 async def test_stall_for_seconds_ends_by_itself(fault_proxy: FaultProxy, clients: Clients) -> None:
     client = clients(fault_proxy.url())
     await client.ping()

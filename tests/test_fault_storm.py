@@ -42,11 +42,14 @@ from pathlib import Path
 
 import pytest
 
+from stickless import RouterConfig
+
 from . import test_multiprocess
-from .mp_cluster import MpCluster
+from .mp_cluster import FAST_CONFIG, MpCluster
 from .redis_fixture import RedisServer
 from .storm.checker import Checker
 from .storm.faults import CUT_SCRIPTS, FaultDriver, FaultNodes, FaultPlan, ProxyPool
+from .storm.liveness import unserved_spans
 from .storm.waves import WavePlan, WaveStorm
 from .test_multiprocess import FORWARD_TTL, RULES, summary
 
@@ -93,6 +96,30 @@ FAULTS = FaultPlan(
 SOAK = os.environ.get("STICKLESS_SOAK") == "1"
 
 
+def serve_within(config: RouterConfig) -> float:
+    """The liveness invariant's bound (tests/storm/liveness.py): a stalled or dead holder is
+    noticed (its command path unanswered for `command_path_timeout`, checked every renewal
+    tick, or its liveness run out), its liveness runs out, a sweep frees its sessions, and the
+    forward poll or the sweep's claim brings their queued work to a healthy node; one more
+    lease TTL for the scheduling of node processes on a busy machine."""
+    return (
+        config.command_path_timeout
+        + 2 * config.lease_ttl
+        + 2 * config.lease_extend_interval
+        + config.holder_loss_sweep_interval
+        + config.forward_poll_interval
+    )
+
+
+#: The liveness bound of the storm's node processes.
+SERVE_WITHIN = serve_within(RouterConfig(**{**FAST_CONFIG, "forward_ttl": FORWARD_TTL}))
+#: The command-path stall wave: at this submit (between the store restart and the second kill
+#: wave), the command pool of the node holding the most sessions stalls for well past the
+#: liveness bound, so a node that kept its sessions through it would leave them unserved past
+#: the bound.
+COMMAND_STALL = (130, SERVE_WITHIN + 2 * LEASE_TTL)
+
+
 async def fault_storm(
     seed: int,
     plan: WavePlan,
@@ -118,7 +145,10 @@ async def fault_storm(
             driver = FaultDriver(seed, faults, nodes, storm)
             # Given node processes under the seeded waves, with faults on their paths to Redis
             firing = asyncio.ensure_future(driver.run())
+            stalling = asyncio.ensure_future(driver.command_path_stall(*COMMAND_STALL))
             history = await storm.run()
+            stalling.cancel()  # (a storm too short for the wave: it never fires)
+            await asyncio.gather(stalling, return_exceptions=True)
             # When the faults stop, every caller has its answer and the survivors drained
             await driver.stop(firing)
             await nodes.record(history)
@@ -129,6 +159,7 @@ async def fault_storm(
                 excused=driver.excused,
                 lease_ttl=LEASE_TTL,
                 attempts_rerun=on_holder_lost == "retry",
+                serve_within=SERVE_WITHIN,
             )
             checker = Checker(history, rules)
             await checker.check(cluster.backends)
@@ -153,6 +184,8 @@ async def fault_storm(
     )
     for overlap in checker.allowed_overlaps:
         print(f"allowed overlap {overlap}")
+    spans = sorted(unserved_spans(history), key=lambda span: span.seconds)
+    print(f"longest unserved spans (bound {SERVE_WITHIN:.1f}s): {[str(s) for s in spans[-3:]]}")
     for hit in checker.known_bug:
         print(f"known bug {hit.splitlines()[0]}")
     print(f"fault storm and checks took {time.monotonic() - started:.1f}s")

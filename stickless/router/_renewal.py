@@ -5,9 +5,13 @@ A node's leases and held reservations live as long as its incarnation's liveness
 tick renews that one key, however many sessions the node holds. A renewal that waits behind a
 busy turn is indistinguishable from a dead node, so the renewer never shares the node's event
 loop. A watchdog stops renewing when the node's main loop has not ticked for
-`watchdog_timeout`, so a wedged node lets its sessions go. When the incarnation is found dead
-(expired, retired, replaced), every lease it held is lost at once and a new incarnation is
-registered: a lease won under the old one is never taken for the new one's (`epoch`).
+`watchdog_timeout`, so a wedged node lets its sessions go. Nor does the renewer vouch for a node
+whose own command path is broken: when the store calls the main loop sends over its own
+connections (`probing` / `answered`) go unanswered for `path_timeout` while that loop runs, the
+node drops every lease at once and stops renewing until one is answered again. When the
+incarnation is found dead (expired, retired, replaced), every lease it held is lost at once and
+a new incarnation is registered: a lease won under the old one is never taken for the new
+one's (`epoch`).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class LeaseRenewer:
         interval: float,
         index_ttl: float,
         watchdog_timeout: float,
+        path_timeout: float,
         on_lost: LostCallback,
     ) -> None:
         self._backends = backends
@@ -51,6 +56,7 @@ class LeaseRenewer:
         self._interval = interval
         self._index_ttl = index_ttl
         self._watchdog_timeout = watchdog_timeout
+        self._path_timeout = path_timeout
         self._on_lost = on_lost
         self._lock = threading.Lock()
         self._leases: dict[str, Lease] = {}
@@ -62,6 +68,12 @@ class LeaseRenewer:
         #: incarnation was sent.
         self._beat_sent = -float("inf")
         self._heartbeat = time.monotonic()
+        #: When the main loop beat again after a silence (a blocked loop answers nothing).
+        self._loop_resumed = -float("inf")
+        #: Since when the main loop's store calls over its own connections went unanswered
+        #: (None: the last one was answered), and whether the node stopped vouching for it.
+        self._unanswered_since: float | None = None
+        self._cut_off = False
         self._stop = threading.Event()
         self._paused = threading.Event()
         self._wedged_logged = False
@@ -148,6 +160,7 @@ class LeaseRenewer:
         alive = await backends.liveness.renew(
             self._node_id, incarnation, self._lease_ttl, self._index_ttl
         )
+        self._answered_over(backends)
         if alive:
             with self._lock:
                 if self._incarnation == incarnation:
@@ -175,6 +188,7 @@ class LeaseRenewer:
             incarnation = uuid.uuid4().hex
             sent = time.monotonic()
             await backends.liveness.register(self._node_id, incarnation, self._lease_ttl)
+            self._answered_over(backends)
             with self._lock:
                 self._incarnation = incarnation
                 self._beat_sent = sent
@@ -213,8 +227,72 @@ class LeaseRenewer:
 
     def beat(self) -> None:
         """The node's main loop is alive (called from a task on that loop)."""
-        if not self._deaf:
-            self._heartbeat = time.monotonic()
+        if self._deaf:
+            return
+        now = time.monotonic()
+        if now - self._heartbeat > self._loop_gap:
+            self._loop_resumed = now
+        self._heartbeat = now
+
+    # ------------------------------------------------------------ command path (main loop)
+
+    @property
+    def _loop_gap(self) -> float:
+        """A silence of the main loop longer than this makes its unanswered calls no proof of a
+        broken path (the loop may not have read their replies): the count starts over."""
+        return self._path_timeout / 2
+
+    def probing(self) -> None:
+        """A store call over the node's own connections starts now: the command path is in
+        doubt until one is answered."""
+        with self._lock:
+            if self._unanswered_since is None:
+                self._unanswered_since = time.monotonic()
+
+    def answered(self) -> None:
+        """A store call over the node's own connections was answered: its command path works
+        (a node that stopped vouching registers anew at the renewer's next tick)."""
+        with self._lock:
+            cut_off, self._cut_off = self._cut_off, False
+            self._unanswered_since = None
+        if cut_off:
+            log.warning("node %s reaches the store again: it rejoins", self._node_id)
+
+    def _answered_over(self, backends: Backends) -> None:
+        """A call over `backends` was answered: proof of the command path when those are the
+        main loop's connections, not the renewer's own."""
+        if backends is not self._backends:
+            self.answered()
+
+    def _path_lost(self) -> bool:
+        """Whether the node stopped vouching for its sessions: its own store calls went
+        unanswered for `path_timeout` while its main loop ran (a silent loop is the
+        watchdog's). The first time, every lease is dropped at once, as after a crash: the
+        incarnation then runs out, and nothing the node commits under it can land."""
+        now = time.monotonic()
+        with self._lock:
+            since, cut_off = self._unanswered_since, self._cut_off
+        if since is None:
+            return False
+        if cut_off:
+            return True
+        if now - self._heartbeat > self._loop_gap:
+            return False
+        waited = now - max(since, self._loop_resumed)
+        if waited <= self._path_timeout:
+            return False
+        with self._lock:
+            if self._unanswered_since != since:
+                return False  # answered meanwhile
+            self._cut_off = True
+        log.error(
+            "node %s: its store calls got no answer for %.1fs: it stops vouching for its "
+            "sessions (they are free once its liveness runs out)",
+            self._node_id,
+            waited,
+        )
+        self._abandon()
+        return True
 
     def ignore_heartbeats(self) -> None:
         """Act as if the main loop stopped ticking (tests simulate a wedged node with this)."""
@@ -293,6 +371,8 @@ class LeaseRenewer:
                 self._wedged_logged = True
             return
         self._wedged_logged = False
+        if self._path_lost():
+            return
         if not self.incarnation:
             await self.register(self._backends)
             self.ticks += 1

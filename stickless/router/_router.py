@@ -80,12 +80,13 @@ class SessionRouter:
             node_id, lambda loop: safe_metrics.emit("on_loop_failure", node_id, loop)
         )
         self._renewer = LeaseRenewer(
-            backends.clone(),
+            backends.clone(role="renewal"),
             node_id,
             lease_ttl=config.lease_ttl,
             interval=config.lease_extend_interval,
             index_ttl=HOLDER_INDEX_TTL,
             watchdog_timeout=config.effective_watchdog_timeout,
+            path_timeout=config.command_path_timeout,
             on_lost=self._lost_on_renewer_thread,
         )
         self._callers = CallerTable(config.forward_ttl, on_expired=self._forward_expired)

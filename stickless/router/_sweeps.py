@@ -1,5 +1,6 @@
-"""The router's periodic work: watchdog heartbeat, forward poll, cache sweep, holder-loss sweep,
-orphan scan and status heartbeat; the choice of sessions to close is a pure function."""
+"""The router's periodic work: watchdog heartbeat, command-path probe, forward poll, cache sweep,
+holder-loss sweep, orphan scan and status heartbeat; the choice of sessions to close is a pure
+function."""
 
 from __future__ import annotations
 
@@ -67,10 +68,13 @@ class Sweeps(SessionPart):
     ) -> None:
         super().__init__(ctx, sessions, outcomes, control)
         self._handover = handover
+        #: The last path probe failed (its failures are logged once until one answers).
+        self._probe_failing = False
 
     def start(self) -> None:
         config, loop = self._config, self._bg.start_loop
         loop("heartbeat", config.heartbeat_interval, self._heartbeat, at_once=True)
+        loop("path_probe", config.lease_extend_interval, self._path_probe, at_once=True)
         loop("forward_poll", config.forward_poll_interval, self.poll_forwards)
         loop("cache_sweep", max(0.05, min(config.idle_ttl / 2, 30.0)), self._cache_sweep)
         loop("status_heartbeat", config.status_heartbeat_interval, self.status_heartbeat)
@@ -89,6 +93,25 @@ class Sweeps(SessionPart):
     async def _heartbeat(self) -> None:
         """Tell the renewer's watchdog that the node's event loop is alive."""
         self._renewer.beat()
+
+    async def _path_probe(self) -> None:
+        """Show the renewer, every renewal interval, that this node's own connections reach the
+        store (one round trip, bounded): unanswered past `command_path_timeout`, the node
+        stops vouching for its sessions (see "Node liveness")."""
+        # A probe is cut short only at twice the bound: one that answers late still proves the
+        # path and keeps its connection (a new one costs several more round trips).
+        self._renewer.probing()
+        try:
+            await asyncio.wait_for(
+                self._backends.liveness.probe(), 2 * self._config.command_path_timeout
+            )
+        except Exception as exc:  # (the renewer judges how long it went unanswered)
+            if not self._probe_failing:
+                log.warning("store probe failed on %s: %r", self._node_id, exc)
+            self._probe_failing = True
+        else:
+            self._probe_failing = False
+            self._renewer.answered()
 
     async def poll_forwards(self) -> None:
         """Look up every pending forward's answer in the store (and re-ring orphaned inboxes)."""

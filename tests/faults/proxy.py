@@ -24,7 +24,9 @@ event, `wait()` and `await wait_fired()` tell when it actually took effect):
 - `hold_reply`: the command runs; its reply, and everything after it on that connection, is
   held for a while, then delivered in order.
 - `stall` / `delay`: hold bytes of one or both directions until released (or for a while), or
-  add latency to every frame; for every connection or only those that sent a given command.
+  add latency to every frame; for every connection, only those that sent a given command, or
+  only those of one client name (CLIENT SETNAME: one pool of a client, e.g. a node's command
+  pool but not its renewer's or its pub/sub connection).
 - `reset_all`, `refuse_new`: abort every open connection now; reset new ones as they arrive.
 
 A reset sets SO_LINGER 0 before closing, so the peer sees ECONNRESET, not a clean EOF. EVALSHA
@@ -130,6 +132,8 @@ class ConnectionInfo:
     commands: int
     #: True once it subscribed (or otherwise left request/reply mode): no pairing any more.
     unpaired: bool
+    #: The name it gave itself (CLIENT SETNAME), if any.
+    name: str | None
     #: EOF came from the client / from the server (the other direction may still flow).
     eof_from_client: bool
     eof_from_server: bool
@@ -356,11 +360,14 @@ class _Gate(_Releasable):
         selector: Selector,
         direction: Direction,
         seconds: float | None,
+        client: str | None = None,
     ) -> None:
         if direction not in ("to_server", "to_client", "both"):
             raise ValueError(f"direction must be to_server, to_client or both: {direction!r}")
         super().__init__(proxy, selector, None, seconds)
         self.direction: Direction = direction
+        #: Only connections of this client name (CLIENT SETNAME), when given.
+        self.client = client
         self.armed_at = time.monotonic()
         #: Connections that sent a selected command (when the selector selects).
         self._conns: set[int] = set()
@@ -370,7 +377,7 @@ class _Gate(_Releasable):
     def _applies(self, conn_id: int, way: _Way) -> bool:
         if self.direction != "both" and self.direction != way:
             return False
-        return self.selector.everything or conn_id in self._conns
+        return (self.selector.everything and self.client is None) or conn_id in self._conns
 
 
 class Stall(_Gate):
@@ -525,6 +532,8 @@ class _Conn:
         self.commands = 0
         #: (name, script) of every command forwarded so far (guarded by the proxy's lock).
         self.sent: set[tuple[str, str | None]] = set()
+        #: The name the client gave this connection (CLIENT SETNAME), if any.
+        self.name: str | None = None
         self.dead = False
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -1155,12 +1164,20 @@ class FaultProxy:
         self._changes.bump()
 
     def _mark(self, conn: _Conn, command: Command) -> None:
-        """Remember the connections that sent a command a selective stall/delay selects."""
+        """Remember the connections that sent a command a selective stall/delay selects, or
+        named themselves as a client-name stall/delay selects."""
+        args = command.args
         with self._lock:
             conn.sent.add((command.name, command.script))
+            if command.name == "CLIENT" and len(args) > 2 and args[1].upper() == b"SETNAME":
+                conn.name = args[2].decode("utf-8", "replace")
             gates = [r for r in self._rules if isinstance(r, _Gate) and not r._cancelled]
         for gate in gates:
-            if not gate.selector.everything and self._matches(gate, command):
+            if gate.client is not None:
+                if conn.name == gate.client:
+                    with self._lock:
+                        gate._conns.add(conn.id)
+            elif not gate.selector.everything and self._matches(gate, command):
                 with self._lock:
                     gate._conns.add(conn.id)
 
@@ -1168,6 +1185,9 @@ class FaultProxy:
         """Select the open connections that already sent the gate's command or script (a
         `match` predicate only sees commands from now on: arguments are not kept)."""
         selector = gate.selector
+        if gate.client is not None:
+            gate._conns.update(c.id for c in self._conns.values() if c.name == gate.client)
+            return
         if selector.everything or selector.match is not None:
             return
         for conn in self._conns.values():
@@ -1278,12 +1298,14 @@ class FaultProxy:
         command: str | None = None,
         script: str | None = None,
         match: Callable[[Sequence[bytes]], bool] | None = None,
+        client: str | None = None,
     ) -> Stall:
         """Hold every byte of `direction`, for all connections or (with a selector) those
         that sent a selected command: already (from now on) or later (from that command on),
-        until `release()` or `seconds` after now; then deliver in order. Fires once per
-        connection and direction held."""
-        rule = Stall(self, self._selector(command, script, match), direction, seconds)
+        until `release()` or `seconds` after now; then deliver in order. With `client`, only
+        the connections named so (CLIENT SETNAME), open ones and later ones (from their
+        SETNAME on). Fires once per connection and direction held."""
+        rule = Stall(self, self._selector(command, script, match), direction, seconds, client)
         self._arm(rule)
         return rule
 
@@ -1295,10 +1317,12 @@ class FaultProxy:
         command: str | None = None,
         script: str | None = None,
         match: Callable[[Sequence[bytes]], bool] | None = None,
+        client: str | None = None,
     ) -> Delay:
         """Deliver each frame of `direction` `seconds` after it reached the proxy (latency,
-        order kept), until `release()`. Fires once per connection and direction delayed."""
-        rule = Delay(self, self._selector(command, script, match), direction, seconds)
+        order kept), until `release()`; with `client`, only on the connections named so (as
+        `stall`). Fires once per connection and direction delayed."""
+        rule = Delay(self, self._selector(command, script, match), direction, seconds, client)
         self._arm(rule)
         return rule
 
@@ -1349,6 +1373,7 @@ class FaultProxy:
                 c.client_port,
                 c.commands,
                 c.unpaired,
+                c.name,
                 c.eof_received[TO_SERVER],
                 c.eof_received[TO_CLIENT],
             )

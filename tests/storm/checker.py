@@ -13,6 +13,8 @@
    succeed, and it commits again only after the commit's holder was lost.
 4. Nothing silently lost: inboxes drain and every reservation settles, agreeing with what the
    callers were told.
+5. Liveness (where the rules give a bound): no session stays unserved longer than it while a
+   healthy node exists (see `liveness`).
 
 What an environment may legitimately answer (failure codes, refusals during a store restart,
 bounds) comes with it as `rules.Rules`. Symptoms of the bugs in `known_bugs` are listed as known-bug
@@ -37,7 +39,7 @@ from stickless import (
 )
 from stickless.backends.base import Backends, ReservationState
 
-from . import known_bugs, overlaps
+from . import known_bugs, liveness, overlaps
 from .records import Call, Control, Execution, History, parse
 from .rules import CLIENT_KEY, LOST_HOLDER, NOTHING_COMMITTED, TURN_KEY, Rules
 
@@ -158,6 +160,9 @@ class Checker:
         self.one_answer_per_submit()
         self.at_most_once_per_key()
         await self.nothing_lost(backends)
+        if self.rules.serve_within is not None:
+            for message in liveness.liveness(self.history, self.rules.serve_within):
+                self.fail("5 liveness", message)
 
     def serialization(self) -> None:
         """A session's turns never run at the same time but for the window the README allows

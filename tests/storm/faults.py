@@ -65,6 +65,9 @@ CUT_SCRIPTS = (
 #: The script of a node's liveness renewals (`LeaseRenewer.tick`): holding its reply keeps the
 #: node's incarnation, so its leases and reservations, from being renewed.
 RENEWALS = ("live_renew",)
+#: The connection name of a node's command pool (`RedisBackends.from_url`): a command-path
+#: stall holds these connections only, not its renewer's nor its pub/sub connection.
+COMMAND_POOL = "stickless:commands"
 
 
 @dataclass(frozen=True)
@@ -218,6 +221,28 @@ class FaultDriver:
         else:
             raise ValueError(f"unknown fault kind {kind!r}")
 
+    async def command_path_stall(self, at_submit: int, seconds: float) -> None:
+        """The command-path stall wave: once `at_submit` submits went out, one node's command
+        pool stalls for `seconds` while its renewals and its pub/sub connection go on (a gray
+        failure: only the node's own check of its command path lets its sessions go)."""
+        await self.nodes.submitted(at_submit)
+        node = await self.busiest()
+        entry = Armed("command_stall", node.node_id, self.nodes.submits, self.nodes.clock())
+        entry.at, entry.seconds = time.monotonic(), seconds
+        self.armed.append(entry)
+        proxy = self.nodes.pool.proxies[node.node_id]
+        entry.rule = proxy.stall("both", seconds=seconds, client=COMMAND_POOL)
+
+    async def busiest(self) -> NodeProcess:
+        """The running node process that holds the most sessions' leases."""
+        held: Counter[str] = Counter()
+        for session_id in self.storm.history.sessions:
+            lease = await self.nodes.cluster.backends.leases.current(session_id)
+            if lease is not None:
+                held[lease.holder] += 1
+        running = [n for n in self.nodes.alive() if not n.stopped] or self.nodes.alive()
+        return max(running, key=lambda node: held[node.node_id])
+
     async def resume(self, node: NodeProcess, entry: Armed) -> None:
         # (how long the process stays stopped: the fault itself, not a synchronisation)
         await asyncio.sleep(entry.seconds)
@@ -266,7 +291,7 @@ class FaultDriver:
                 continue
             if entry.kind.startswith(("cut:", "hold:")) and entry.rule is not None:
                 found.extend((e.at, e.at + entry.seconds) for e in entry.rule.events)
-            elif entry.kind in ("stall", "reset"):
+            elif entry.kind in ("stall", "reset", "command_stall"):
                 found.append((entry.at, entry.at + entry.seconds))
         return found
 
@@ -311,7 +336,7 @@ class FaultDriver:
                 continue
             if entry.kind == "sigstop":
                 add(entry.node, entry.kind, entry.stamp, entry.until or cleared)
-            elif entry.kind == "stall":
+            elif entry.kind in ("stall", "command_stall"):
                 add(entry.node, entry.kind, entry.stamp, entry.stamp + entry.seconds * 1e6)
             elif entry.kind.startswith("hold:") and isinstance(entry.rule, HoldReply):
                 delivered = entry.rule.delivered_at

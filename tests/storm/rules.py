@@ -79,3 +79,6 @@ class Rules:
     #: How long inboxes may take to drain, and reservations to settle, after the run.
     drain_within: float = 15.0
     settle_within: float = 10.0
+    #: Longest a session may stay unserved while a healthy node exists (tests/storm/liveness.py;
+    #: None: not checked).
+    serve_within: float | None = None

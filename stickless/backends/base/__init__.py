@@ -160,8 +160,9 @@ class Backends(EventRelayPath, Protocol):
     #: The fused calls of a turn's phases over the roles above (see `HotPath`).
     hotpath: HotPath
 
-    def clone(self) -> Backends:
-        """A bundle over the same data with its own connections (for another thread's loop)."""
+    def clone(self, role: str = "clone") -> Backends:
+        """A bundle over the same data with its own connections (for another thread's loop),
+        named for `role` where the store lists its clients."""
         ...
 
     async def verify(self) -> tuple[str, ...]:

@@ -39,3 +39,12 @@ class Liveness(Protocol):
     async def forget(self, holder: str) -> None:
         """The dead-holder sweep handled `holder`: drop it unless it is alive again."""
         ...
+
+    async def probe(self) -> None:
+        """One round trip to the store over this bundle's connections, touching no data: the
+        proof a node's own command path works (see "Node liveness").
+
+        Raises:
+            Exception: the store did not answer (the backend's own error).
+        """
+        ...

@@ -111,7 +111,7 @@ class MemoryBackends:
         """Nothing to check: memory keeps everything until it is removed."""
         return ()
 
-    def clone(self) -> MemoryBackends:
+    def clone(self, role: str = "clone") -> MemoryBackends:
         """This bundle itself: memory needs no per-loop connection, and severing cuts both."""
         return self
 

@@ -57,3 +57,8 @@ class MemoryLiveness:
                 state.live_index[holder] = state.liveness[holder].expires_at
             else:
                 del state.live_index[holder]
+
+    async def probe(self) -> None:
+        """Reach the shared state (refused once this link is severed)."""
+        with self._link.open():
+            return

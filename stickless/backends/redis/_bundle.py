@@ -59,6 +59,8 @@ DEFAULT_SOCKET_TIMEOUT = 5.0
 DEFAULT_MAX_CONNECTIONS = 64
 #: Default bound (seconds) of waiting for a free pooled connection.
 DEFAULT_POOL_TIMEOUT = 30.0
+#: Default prefix of the bundle's connection names (`client_name=` replaces it).
+DEFAULT_CLIENT_NAME = "stickless"
 #: Default seconds a fencing-token counter outlives the expiry of the last lease it served.
 DEFAULT_TOKEN_TTL = 7 * 86_400.0
 #: Default seconds an uncollected inbox tier lives after its last delivery.
@@ -108,8 +110,11 @@ class RedisBackends:
         retention: Retention,
         client_options: dict[str, Any],
         allow_evicting_redis: bool = False,
+        role: str = "commands",
     ) -> None:
-        """Open a client (connections are made lazily); prefer `from_url`."""
+        """Open a client (connections are made lazily); prefer `from_url`. Its connections
+        are named `<client_name>:<role>` and `<client_name>:pubsub` (CLIENT LIST shows which
+        pool a connection belongs to)."""
         self._url = url
         self._namespace = namespace
         self.retention = retention
@@ -122,6 +127,7 @@ class RedisBackends:
         pool_options = dict(client_options)
         max_connections = int(pool_options.pop("max_connections", DEFAULT_MAX_CONNECTIONS))
         pool_timeout = float(pool_options.pop("pool_timeout", DEFAULT_POOL_TIMEOUT))
+        name = str(pool_options.pop("client_name", None) or DEFAULT_CLIENT_NAME)
         # Every command connection checks the eviction policy as it connects, so a reconnect
         # (a restart, a failover) to a server that may evict keys is refused too. The pub/sub
         # connection never retries inside redis-py: its reader reconnects by itself.
@@ -131,9 +137,14 @@ class RedisBackends:
                 "max_connections": max_connections,
                 "timeout": pool_timeout,
                 "redis_connect_func": connect_check(allow_evicting_redis),
+                "client_name": f"{name}:{role}",
                 **pool_options,
             },
-            {**pool_options, "retry": Retry(NoBackoff(), 0, supported_errors=())},
+            {
+                **pool_options,
+                "client_name": f"{name}:pubsub",
+                "retry": Retry(NoBackoff(), 0, supported_errors=()),
+            },
         )
         self._pool = self._connections.pool
         self.client: Redis = Redis(connection_pool=self._pool)
@@ -188,6 +199,8 @@ class RedisBackends:
         outlived a server restart, or one cut after the server ran the command): every script
         stickless sends is safe to run twice. A timeout is not retried. Pass `retry=` to change
         that; other keyword arguments go to `redis.asyncio.BlockingConnectionPool.from_url`.
+        Connections are named `<client_name>:commands` (the router's command pool),
+        `:renewal` (its lease renewer's) and `:pubsub`; `client_name` defaults to "stickless".
 
         The server must not evict keys (`maxmemory-policy noeviction`): `verify()` refuses any
         other policy, and so does every new command connection (after a restart or a failover),
@@ -212,18 +225,31 @@ class RedisBackends:
         - `inbox_ttl` (default 86,400 s = 1 day): a session's inbox tier that nobody collects
           expires this long after its last delivery (a safety net; keep it far above
           `forward_ttl`, after which every waiting caller was already answered).
+
+        Raises:
+            ValueError: a bound that is not positive (`max_connections`, `pool_timeout`), or a
+                socket timeout that is not a positive, finite number of seconds.
         """
         if max_connections < 1 or pool_timeout <= 0:
             raise ValueError("max_connections must be >= 1 and pool_timeout > 0")
         if ssl_ca_certs is not None:
             client_options["ssl_ca_certs"] = check_ca_file(url, ssl_ca_certs)
+        connect_timeout = (
+            socket_timeout if socket_connect_timeout is None else socket_connect_timeout
+        )
+        # Every store call is bounded, so a stalled path fails calls instead of hanging them
+        # (see "Node liveness" in docs/architecture.md).
+        for field, bound in (
+            ("socket_timeout", socket_timeout),
+            ("socket_connect_timeout", connect_timeout),
+        ):
+            if not (isinstance(bound, int | float) and math.isfinite(bound) and bound > 0):
+                raise ValueError(f"{field} must be a positive, finite number of seconds")
         options: dict[str, Any] = {
             "max_connections": max_connections,
             "pool_timeout": pool_timeout,
             "socket_timeout": socket_timeout,
-            "socket_connect_timeout": (
-                socket_timeout if socket_connect_timeout is None else socket_connect_timeout
-            ),
+            "socket_connect_timeout": connect_timeout,
             "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
             **client_options,
         }
@@ -241,14 +267,16 @@ class RedisBackends:
         """Log and publish a relay batch in one script (see `EventRelayPath`)."""
         return await self._event_log.append_and_publish(session_id, origin, batch_id, frames)
 
-    def clone(self) -> RedisBackends:
-        """A new bundle over the same server and namespace with its own connection pool."""
+    def clone(self, role: str = "clone") -> RedisBackends:
+        """A new bundle over the same server and namespace with its own connection pool, its
+        connections named for `role`."""
         return RedisBackends(
             self._url,
             self._namespace,
             self.retention,
             dict(self._client_options),
             self.allow_evicting_redis,
+            role,
         )
 
     async def verify(self) -> tuple[str, ...]:

@@ -48,3 +48,7 @@ class RedisLiveness(_Role):
     async def forget(self, holder: str) -> None:
         """Drop a dead holder from the index; a live one is scored at its liveness deadline."""
         await self._scripts.live_forget(keys=[self._keys.live_index], args=[holder])
+
+    async def probe(self) -> None:
+        """One PING on a pooled connection (waiting for a free one like any command)."""
+        await self._client.ping()
