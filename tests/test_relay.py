@@ -13,7 +13,8 @@ from stickless import (
     ToolUseStarted,
     TurnCompleted,
 )
-from stickless.actors import EventRelay, RankedQueue, Subscriber
+from stickless.actors import EventRelay, RankedQueue
+from stickless.router._subscribers import Subscriber
 
 
 def kinds(frames: Sequence[Event]) -> list[str]:

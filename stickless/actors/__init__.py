@@ -3,14 +3,7 @@
 from ._actor import SessionActor
 from ._ending import RunningTurn
 from ._host import ActorHost, Later, StopReason
-from ._relay import (
-    EventRelay,
-    LastFrames,
-    RankedQueue,
-    Subscriber,
-    SubscriberHub,
-    drain_subscriber,
-)
+from ._relay import EventRelay, LastFrames, RankedQueue
 from ._work import PendingEntry, TurnWork
 
 __all__ = [
@@ -23,8 +16,5 @@ __all__ = [
     "PendingEntry",
     "SessionActor",
     "StopReason",
-    "Subscriber",
-    "SubscriberHub",
     "TurnWork",
-    "drain_subscriber",
 ]
