@@ -13,6 +13,9 @@
    succeed, and it commits again only after the commit's holder was lost.
 4. Nothing silently lost: inboxes drain and every reservation settles, agreeing with what the
    callers were told.
+5. Stream completeness (for a run that kept streams open, see `streams`): every frame logged
+   for a turn reached every stream open on its session, once, in order, or the stream reported
+   a gap.
 
 What an environment may legitimately answer (failure codes, refusals during a store restart,
 bounds) comes with it as `rules.Rules`. Symptoms of the bugs in `known_bugs` are listed as known-bug
@@ -40,6 +43,7 @@ from stickless.backends.base import Backends, ReservationState
 from . import known_bugs, overlaps
 from .records import Call, Control, Execution, History, parse
 from .rules import CLIENT_KEY, LOST_HOLDER, NOTHING_COMMITTED, TURN_KEY, Rules
+from .streams import stream_violations
 
 
 class Checker:
@@ -158,6 +162,15 @@ class Checker:
         self.one_answer_per_submit()
         self.at_most_once_per_key()
         await self.nothing_lost(backends)
+        await self.streams_complete(backends)
+
+    async def streams_complete(self, backends: Backends) -> None:
+        """Every frame logged for a turn reached every stream kept open on its session, once,
+        in order, or the stream reported a gap (tests/storm/streams.py)."""
+        for message in await stream_violations(self.history.streams, backends):
+            self.fail("stream_completeness", message)
+        self.counts["streams"] = len(self.history.streams)
+        self.counts["streamed_frames"] = sum(len(r.frames) for r in self.history.streams)
 
     def serialization(self) -> None:
         """A session's turns never run at the same time but for the window the README allows
