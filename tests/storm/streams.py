@@ -134,7 +134,9 @@ async def stream_violations(records: list[StreamRecord], backends: Backends) -> 
     found: list[str] = []
     for record in records:
         logged = await _logged(backends, record.session_id)
-        order = {key: event_id_key(event_id) for event_id, key, _ in logged}
+        order: dict[FrameKey, tuple[int, int]] = {}
+        for event_id, key, _ in logged:
+            order.setdefault(key, event_id_key(event_id))
         found.extend(_repeats(record) + _disorder(record, order))
         seen = {key for _, _, key in record.frames}
         missed = [
@@ -151,18 +153,22 @@ async def stream_violations(records: list[StreamRecord], backends: Backends) -> 
 
 
 def _repeats(record: StreamRecord) -> list[str]:
-    """Frames yielded twice: in one opening, or again after one that gave them with an id."""
-    first: dict[FrameKey, tuple[int, str | None]] = {}
+    """Frames yielded twice: in one opening (matched by key), or under one event id. (A frame
+    the store logged twice — a finish whose reply was lost sends its frames again through the
+    relay — may come once per id after a reopening, and one an earlier opening gave without
+    an id may come again: the resume cursor could not pass it.)"""
+    given: set[tuple[int, FrameKey]] = set()
+    ids: set[str] = set()
     found: list[str] = []
     for opening, event_id, key in record.frames:
-        if key not in first:
-            first[key] = (opening, event_id)
-            continue
-        earlier_opening, earlier_id = first[key]
-        if earlier_opening == opening or earlier_id is not None:
+        again = (opening, key) in given or (event_id is not None and event_id in ids)
+        given.add((opening, key))
+        if event_id is not None:
+            ids.add(event_id)
+        if again:
             found.append(
-                f"stream of {record.session_id} (on {record.nodes}) yielded {key} twice: "
-                f"in opening {earlier_opening} as {earlier_id}, in {opening} as {event_id}"
+                f"stream of {record.session_id} (on {record.nodes}) yielded {key} "
+                f"({event_id}) twice, again in opening {opening}"
             )
     return found[:3]
 
