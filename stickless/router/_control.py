@@ -23,6 +23,10 @@ from ._subscribers import Subscriber, SubscriberHub
 #: A reaction to one control signal; it may raise ValidationError / WireError on a bad payload.
 SignalHandler = Callable[[Signal], None]
 
+#: Backoff bounds (seconds) between retries of an event channel's unconfirmed SUBSCRIBE.
+_RESUBSCRIBE_MIN = 0.1
+_RESUBSCRIBE_MAX = 2.0
+
 #: Kinds a node also acts on when it published them itself.
 _OWN_KINDS = frozenset({SignalKind.MESSAGE_ENQUEUED})
 
@@ -129,18 +133,14 @@ class ControlChannel(RouterPart):
 
         Each time the channel is subscribed again after a lost pub/sub connection, frames
         published meanwhile never came: every local stream of the session then catches up
-        from the event log (see `EventStream`).
+        from the event log (see `EventStream`). A first SUBSCRIBE that is not confirmed is
+        retried while the session has local streams, which catch up once it is.
         """
         subscribed, origin = await asyncio.gather(
-            self._backends.signals.subscribe_events(
-                session_id, self._on_event_signal, lambda: self._hub.fall_behind(session_id)
-            ),
+            self._subscribe_events(session_id),
             log_position(self._backends.events, session_id),
             return_exceptions=True,
         )
-        if isinstance(subscribed, BaseException):
-            log.warning("event channel of %s unavailable: %s", session_id, subscribed)
-            self._event_channels.pop(session_id, None)
         if isinstance(origin, BaseException):
             log.warning("event log of %s unreadable: its new streams catch up only once they "
                         "passed a frame: %s", session_id, origin)
@@ -150,6 +150,34 @@ class ControlChannel(RouterPart):
                 sub.start = sub.start or origin
         if not ready.done():
             ready.set_result(None)
+        if isinstance(subscribed, BaseException):
+            log.warning("event channel of %s unavailable (retrying): %s", session_id, subscribed)
+            await self._resubscribe_events(session_id, ready)
+
+    async def _subscribe_events(self, session_id: str) -> None:
+        await self._backends.signals.subscribe_events(
+            session_id, self._on_event_signal, lambda: self._hub.fall_behind(session_id)
+        )
+
+    async def _resubscribe_events(self, session_id: str, channel: asyncio.Future[None]) -> None:
+        """Retry the channel's SUBSCRIBE with backoff while it is still open (`channel` is
+        its entry); once it holds, the session's streams catch up from the log."""
+        delay = _RESUBSCRIBE_MIN
+        while True:
+            await asyncio.sleep(delay)  # (backoff between retries)
+            if self._bg.closed or self._event_channels.get(session_id) is not channel:
+                return
+            try:
+                await self._subscribe_events(session_id)
+            except Exception as exc:
+                log.debug("event channel of %s still unavailable: %s", session_id, exc)
+                delay = min(2 * delay, _RESUBSCRIBE_MAX)
+                continue
+            if self._event_channels.get(session_id) is not channel:  # closed meanwhile
+                await quiet(self._backends.signals.unsubscribe_events(session_id))
+                return
+            self._hub.fall_behind(session_id)
+            return
 
     async def _close_subscriber(self, sub: Subscriber) -> None:
         if sub.dropped:

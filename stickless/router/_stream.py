@@ -14,6 +14,9 @@ from ..backends.base import EventLog, event_id_key
 from ._subscribers import Subscriber
 
 _REPLAY_PAGE = 500
+#: Backoff bounds (seconds) of a catch-up whose log read failed: about 3 s of retries in all.
+_READ_RETRY_MIN = 0.1
+_READ_RETRY_MAX = 1.6
 log = get_logger(__name__)
 
 #: An event id as both event logs write it (a Redis stream id): "<ms>-<n>", or "<ms>" alone
@@ -112,6 +115,9 @@ class EventStream:
         self._closed = False
         #: The newest event id this stream passed (yielded, or skipped as another turn's).
         self._position = after
+        #: Frames at or before this event id are never yielded: the reader had them (its
+        #: resume cursor), or they are older than a gap it was told of.
+        self._floor = None if after is None else event_id_key(after)
         self._gaps: list[StreamGap] = []
 
     @property
@@ -183,10 +189,15 @@ class EventStream:
                     return
 
     def _fresh(self, frame: Event, seen: _Recent) -> bool:
-        """Pass a frame: True when it is to be yielded (not seen before, of the stream's turn)."""
+        """Pass a frame: True when it is to be yielded (not seen before, past the floor, of the
+        stream's turn)."""
+        event_id = frame.event_id
+        if event_id is not None and self._floor is not None and (
+            event_id_key(event_id) <= self._floor
+        ):
+            return False
         if not seen.add(frame):
             return False
-        event_id = frame.event_id
         if event_id is not None and (
             self._position is None or event_id_key(event_id) > event_id_key(self._position)
         ):
@@ -199,12 +210,14 @@ class EventStream:
     async def _caught_up(self, seen: _Recent) -> AsyncIterator[Event]:
         """The frames the log holds past the stream's position that it did not pass yet, in
         order; when the log no longer holds them all, a gap is noted and whatever it still
-        holds follows (frames already passed are skipped)."""
+        holds follows (frames already passed are skipped). A store out of reach is retried
+        with backoff for a few seconds, then that is a gap too."""
         session_id = self._sub.session_id
         if self._position is None:
             self._note_gap(None, None, "where the stream stood is not known")
             return
-        for cursor in (self._position, ORIGIN):
+        cursor, delay = self._position, _READ_RETRY_MIN
+        while True:
             given = 0
             try:
                 async for frame in logged_frames(self._log, session_id, cursor):
@@ -213,11 +226,17 @@ class EventStream:
                     if self._fresh(frame, seen):
                         yield frame
                 return
-            except EventCursorError as exc:
+            except EventCursorError as exc:  # (never for ORIGIN)
                 self._note_gap(self._position, exc.oldest_id, str(exc))
-            except Exception as exc:  # the store is out of reach: the queue goes on alone
-                self._note_gap(self._position, None, f"the event log could not be read: {exc}")
-                return
+                self._floor = event_id_key(self._position)
+                cursor = ORIGIN
+            except Exception as exc:
+                if delay > _READ_RETRY_MAX:
+                    self._note_gap(self._position, None, f"the event log is out of reach: {exc}")
+                    return
+                await asyncio.sleep(delay)  # (backoff: the store is out of reach)
+                delay *= 2
+                cursor = ORIGIN if cursor == ORIGIN else self._position
 
     def _note_gap(self, cursor: str | None, oldest_id: str | None, why: str) -> None:
         self._gaps.append(StreamGap(cursor, oldest_id))
