@@ -114,6 +114,7 @@ async def open_pair(url: str, proxy: FaultProxy, **overrides: Any) -> AsyncItera
     phases = Phases()
     namespace = f"c{uuid.uuid4().hex[:8]}"
     log_len = overrides.pop("event_log_max_len", 10_000)
+    socket_timeout = overrides.pop("socket_timeout", 5.0)
     routers = []
     try:
         for node_id, node_url in (("a", url), ("b", proxy.url())):
@@ -121,7 +122,10 @@ async def open_pair(url: str, proxy: FaultProxy, **overrides: Any) -> AsyncItera
                 node_id=node_id, mode=DeploymentMode.DISTRIBUTED, **{**FAST, **overrides}
             )
             backends = RedisBackends.from_url(
-                node_url, namespace=namespace, event_log_max_len=log_len
+                node_url,
+                namespace=namespace,
+                event_log_max_len=log_len,
+                socket_timeout=socket_timeout,
             )
             router = SessionRouter.build(
                 config=config, opener=PhasedOpener(phases), backends=backends
@@ -350,6 +354,33 @@ async def test_a_stream_catches_up_across_a_redis_restart(tmp_path: Path) -> Non
                 got = [first, *await until_terminal(stream, turn_id)]
             assert_complete(got, await logged_ids(p.a, turn_id))
         assert proxy.errors == []
+
+
+async def test_a_stream_opened_while_pubsub_is_down_catches_up_once_it_is_back(
+    redis_url: str, fault_proxy: FaultProxy
+) -> None:
+    # Given B's pub/sub cut off, and a session stream opened on B meanwhile (its channel's
+    # SUBSCRIBE goes unconfirmed: B retries it)
+    async with open_pair(redis_url, fault_proxy, socket_timeout=0.5) as p:
+        refused = await cut_pubsub(p)
+        stream = p.b.events(SESSION)
+        await stream.ready()
+        # When A runs a turn while B is cut off, and B's pub/sub comes back
+        handle = await p.a.submit(req(SESSION, "go"))
+        async for frame in p.watch:
+            if isinstance(frame, TextDelta) and frame.text == "before":
+                break
+        p.phases.cut.set()
+        async for frame in p.watch:
+            if isinstance(frame, TextDelta) and frame.text == DURING[-1]:
+                break
+        refused.cancel()
+        # Then B's stream catches up on what it missed, then goes on live
+        async with stream:
+            got = [await asyncio.wait_for(stream.__anext__(), 20)]
+            p.phases.healed.set()
+            got += await asyncio.wait_for(until_terminal(stream, handle.turn_id), 20)
+        assert_complete(got, await logged_ids(p.a, handle.turn_id))
 
 
 @pytest.mark.parametrize("reader", ["events", "sse"])
