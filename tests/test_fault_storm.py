@@ -4,13 +4,15 @@ Every node process talks to the (append-only) redis-server through a `FaultProxy
 (tests/faults/), so a fault hits one node's path only. While the seeded waves of
 tests/storm/waves.py run, a seeded driver (tests/storm/faults.py) fires, every few submits, one
 of: a connection cut right after a chosen stickless script ran (its reply lost), a held reply,
-a stall of one node's whole path, a reset of every connection of one node, SIGSTOP/SIGCONT or
-SIGKILL (then a replacement) of a node process, and a redis-server restart. Held replies last up
-to twice the lease TTL, stalls and stops past it: a holder kept from Redis past its lease
-overlaps the next holder until it notices, as the README's guarantees table says (its late
-commit is refused). The driver records every span during which a node could not renew its
-leases (`History.outages`), and the storms' one checker (tests/storm/checker.py) then holds the
-history to every invariant, with no violation allowed: it allows exactly that overlap (the
+a stall of one node's whole path, a reset of every connection of one node, of its pub/sub
+connection only or of its command connections only, SIGSTOP/SIGCONT or SIGKILL (then a
+replacement) of a node process, and a redis-server restart. One stream per session stays open
+through it all (tests/storm/streams.py), reopened past its last event id when its node dies.
+Held replies last up to twice the lease TTL, stalls and stops past it: a holder kept from Redis
+past its lease overlaps the next holder until it notices, as the README's guarantees table says
+(its late commit is refused). The driver records every span during which a node could not renew
+its leases (`History.outages`), and the storms' one checker (tests/storm/checker.py) then holds
+the history to every invariant, with no violation allowed: it allows exactly that overlap (the
 earlier turn's node was kept away longer than the lease TTL while it ran, and that turn
 committed nothing: tests/storm/overlaps.py), and the run lists the overlaps it allowed. The
 same outages explain a release refused with SessionBusyError (its node, or the session's
@@ -43,6 +45,7 @@ from pathlib import Path
 import pytest
 
 from stickless import RouterConfig
+from stickless.backends.base import Backends
 
 from . import test_multiprocess
 from .mp_cluster import FAST_CONFIG, MpCluster
@@ -50,6 +53,8 @@ from .redis_fixture import RedisServer
 from .storm.checker import Checker
 from .storm.faults import CUT_SCRIPTS, FaultDriver, FaultNodes, FaultPlan, ProxyPool
 from .storm.liveness import unserved_spans
+from .storm.records import History
+from .storm.streams import StreamWatch
 from .storm.waves import WavePlan, WaveStorm
 from .test_multiprocess import FORWARD_TTL, RULES, summary
 
@@ -77,6 +82,8 @@ FAULTS = FaultPlan(
         "hold": 3.0,
         "stall": 1.5,
         "reset": 1.5,
+        "pubsub_cut": 1.5,
+        "command_cut": 1.0,
         "sigstop": 1.0,
         "sigkill": 0.6,
         "redis_restart": 0.3,
@@ -143,7 +150,10 @@ async def fault_storm(
             nodes = FaultNodes(cluster, server, plan.session_ids(), pool)
             storm = WaveStorm(seed, plan, nodes)
             driver = FaultDriver(seed, faults, nodes, storm)
-            # Given node processes under the seeded waves, with faults on their paths to Redis
+            # Given node processes under the seeded waves, with faults on their paths to Redis,
+            # and a stream of every session open on one of them
+            streams = StreamWatch(seed, nodes.alive, plan.session_ids())
+            await streams.open()
             firing = asyncio.ensure_future(driver.run())
             stalling = asyncio.ensure_future(driver.command_path_stall(*COMMAND_STALL))
             history = await storm.run()
@@ -153,6 +163,7 @@ async def fault_storm(
             await driver.stop(firing)
             await nodes.record(history)
             driver.record(history)
+            await watched(streams, history, cluster.backends)
             # (a node whose own path to Redis failed may refuse a call: BackendUnavailableError)
             rules = dataclasses.replace(
                 RULES,
@@ -201,6 +212,13 @@ async def fault_storm(
     assert not checker.violations, f"seed {seed}:\n{checker.report()}"
     assert errors == [], errors
     assert sum(fired.values()) >= 10, fired
+
+
+async def watched(streams: StreamWatch, history: History, backends: Backends) -> None:
+    """Let the storm's streams yield what the log holds, then record them for the checker."""
+    await streams.settle(backends)
+    await streams.close()
+    history.streams = streams.records
 
 
 @pytest.mark.timeout(170)

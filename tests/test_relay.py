@@ -13,7 +13,8 @@ from stickless import (
     ToolUseStarted,
     TurnCompleted,
 )
-from stickless.actors import EventRelay, Queued, RankedQueue, Subscriber
+from stickless.actors import EventRelay, Queued, RankedQueue
+from stickless.router._subscribers import Subscriber
 
 
 def kinds(queued: Sequence[Queued]) -> list[str]:

@@ -3,15 +3,7 @@
 from ._actor import SessionActor
 from ._ending import RunningTurn
 from ._host import ActorHost, Later, StopReason
-from ._relay import (
-    EventRelay,
-    LastFrames,
-    Queued,
-    RankedQueue,
-    Subscriber,
-    SubscriberHub,
-    drain_subscriber,
-)
+from ._relay import EventRelay, LastFrames, Queued, RankedQueue
 from ._work import PendingEntry, TurnWork
 
 __all__ = [
@@ -25,8 +17,5 @@ __all__ = [
     "Queued",
     "SessionActor",
     "StopReason",
-    "Subscriber",
-    "SubscriberHub",
     "TurnWork",
-    "drain_subscriber",
 ]

@@ -1,4 +1,4 @@
-"""Per-turn event relay and node-local subscriber fan-out.
+"""Per-turn event relay.
 
 The producer (the agent's `emit`) never blocks: frames go into a bounded ranked queue that a
 dispatcher task drains in batches to the node's sink (event log, local subscribers, event rail).
@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from .._errors import FrameTooLargeError
@@ -326,96 +326,3 @@ class LastFrames:
         self.consumed = True
         frames = self.frames.frames
         await self.relay.hand_over(frames if terminal else frames[:-1])
-
-
-@dataclass(eq=False)
-class Subscriber:
-    """One local `events()` consumer: a bounded queue that drops its oldest frame when full."""
-
-    session_id: str
-    turn_id: str | None
-    capacity: int
-    frames: collections.deque[Event] = field(default_factory=collections.deque)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    finished: bool = False
-    dropped: int = 0
-    #: The event id of the oldest frame dropped since `take_lost` last ran (None: no logged
-    #: frame was dropped), so the reader can fetch what it lost from the event log.
-    lost_from: str | None = None
-
-    def offer(self, frame: Event) -> None:
-        if self.finished or (self.turn_id is not None and frame.turn_id != self.turn_id):
-            return
-        if len(self.frames) >= self.capacity:
-            lost = self.frames.popleft()
-            self.dropped += 1
-            if self.lost_from is None and lost.event_id is not None:
-                self.lost_from = lost.event_id
-        self.frames.append(frame)
-        self.wake.set()
-
-    def take_lost(self) -> str | None:
-        """The oldest dropped frame's event id since the last call (then forgotten)."""
-        lost, self.lost_from = self.lost_from, None
-        return lost
-
-    def finish(self) -> None:
-        self.finished = True
-        self.wake.set()
-
-
-class SubscriberHub:
-    """Node-local subscribers per session."""
-
-    def __init__(self) -> None:
-        self._by_session: dict[str, set[Subscriber]] = {}
-
-    def add(self, subscriber: Subscriber) -> bool:
-        """Register; True when it is the session's first local subscriber."""
-        subs = self._by_session.setdefault(subscriber.session_id, set())
-        subs.add(subscriber)
-        return len(subs) == 1
-
-    def remove(self, subscriber: Subscriber) -> bool:
-        """Unregister; True when the session has no local subscriber left."""
-        subs = self._by_session.get(subscriber.session_id)
-        if subs is None:
-            return False
-        subs.discard(subscriber)
-        if not subs:
-            del self._by_session[subscriber.session_id]
-            return True
-        return False
-
-    def has(self, session_id: str) -> bool:
-        return session_id in self._by_session
-
-    def sessions(self) -> list[str]:
-        return list(self._by_session)
-
-    def fan_out(self, session_id: str, frames: Sequence[Event]) -> None:
-        for sub in tuple(self._by_session.get(session_id, ())):
-            for frame in frames:
-                sub.offer(frame)
-
-    def finish_session(self, session_id: str) -> None:
-        for sub in tuple(self._by_session.get(session_id, ())):
-            sub.finish()
-
-    def finish_all(self) -> None:
-        for session_id in list(self._by_session):
-            self.finish_session(session_id)
-
-
-async def drain_subscriber(sub: Subscriber) -> AsyncIterator[Event]:
-    """Yield a subscriber's frames until it is finished (or its turn's terminal frame)."""
-    while True:
-        while sub.frames:
-            frame = sub.frames.popleft()
-            yield frame
-            if sub.turn_id is not None and is_terminal(frame):
-                return
-        if sub.finished:
-            return
-        sub.wake.clear()
-        await sub.wake.wait()

@@ -11,7 +11,7 @@ from ._api import (
 )
 from ._dead_letters import DeadLetters, ReplayResult, deliver_replay
 from ._router import SessionRouter
-from ._stream import EventStream
+from ._stream import EventStream, StreamGap
 from ._turn_stream import TurnStream
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "SessionState",
     "SubmitDisposition",
     "SubmitKind",
+    "StreamGap",
     "SubmitOrigin",
     "TurnInfo",
     "TurnState",

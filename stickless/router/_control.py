@@ -13,15 +13,19 @@ from pydantic import ValidationError
 from .._events import Event
 from .._metrics import SUBSCRIBER_DROPS
 from .._types import field_errors
-from ..actors import Subscriber, SubscriberHub
-from ..backends.base import Subscription
+from ..backends.base import Subscription, event_id_key
 from ..wire import Signal, SignalKind, WireError, frames_from_payload
 from ._background import log, quiet
 from ._context import NodeContext, RouterPart
-from ._stream import EventStream, check_cursor
+from ._stream import EventStream, check_cursor, log_position
+from ._subscribers import Subscriber, SubscriberHub
 
 #: A reaction to one control signal; it may raise ValidationError / WireError on a bad payload.
 SignalHandler = Callable[[Signal], None]
+
+#: Backoff bounds (seconds) between retries of an event channel's unconfirmed SUBSCRIBE.
+_RESUBSCRIBE_MIN = 0.1
+_RESUBSCRIBE_MAX = 2.0
 
 #: Kinds a node also acts on when it published them itself.
 _OWN_KINDS = frozenset({SignalKind.MESSAGE_ENQUEUED})
@@ -39,6 +43,9 @@ class ControlChannel(RouterPart):
         self._control: Subscription | None = None
         self._hub = SubscriberHub()
         self._event_channels: dict[str, asyncio.Future[None]] = {}
+        #: Per session with local subscribers: the newest event id handed to them (or the
+        #: log's last id when its channel opened), where a stream that joins now stands.
+        self._heard: dict[str, str] = {}
 
     async def open(
         self, handlers: Mapping[SignalKind, SignalHandler], on_resubscribed: Callable[[], None]
@@ -111,7 +118,8 @@ class ControlChannel(RouterPart):
         """
         if after is not None:
             check_cursor(after)
-        sub = Subscriber(session_id, turn_id, self._config.subscriber_queue_size)
+        capacity = self._config.subscriber_queue_size
+        sub = Subscriber(session_id, turn_id, capacity, start=self._heard.get(session_id))
         self._hub.add(sub)
         ready = self._event_channels.get(session_id)
         if ready is None:
@@ -121,18 +129,63 @@ class ControlChannel(RouterPart):
         return EventStream(sub, self._backends.events, after, ready, self._close_subscriber)
 
     async def _open_event_channel(self, session_id: str, ready: asyncio.Future[None]) -> None:
-        try:
-            await self._backends.signals.subscribe_events(session_id, self._on_event_signal)
-        except Exception as exc:
-            log.warning("event channel of %s unavailable: %s", session_id, exc)
-            self._event_channels.pop(session_id, None)
+        """Subscribe the session's event channel and read where its log stands, together.
+
+        Each time the channel is subscribed again after a lost pub/sub connection, frames
+        published meanwhile never came: every local stream of the session then catches up
+        from the event log (see `EventStream`). A first SUBSCRIBE that is not confirmed is
+        retried while the session has local streams, which catch up once it is.
+        """
+        subscribed, origin = await asyncio.gather(
+            self._subscribe_events(session_id),
+            log_position(self._backends.events, session_id),
+            return_exceptions=True,
+        )
+        if isinstance(origin, BaseException):
+            log.warning("event log of %s unreadable: its new streams catch up only once they "
+                        "passed a frame: %s", session_id, origin)
+        elif self._hub.has(session_id):
+            self._heard_up_to(session_id, origin)
+            for sub in self._hub.of(session_id):
+                sub.start = sub.start or origin
         if not ready.done():
             ready.set_result(None)
+        if isinstance(subscribed, BaseException):
+            log.warning("event channel of %s unavailable (retrying): %s", session_id, subscribed)
+            await self._resubscribe_events(session_id, ready)
+
+    async def _subscribe_events(self, session_id: str) -> None:
+        await self._backends.signals.subscribe_events(
+            session_id, self._on_event_signal, lambda: self._hub.fall_behind(session_id)
+        )
+
+    async def _resubscribe_events(self, session_id: str, channel: asyncio.Future[None]) -> None:
+        """Retry the channel's SUBSCRIBE with backoff while it is still open (`channel` is
+        its entry); once it holds, the session's streams catch up from the log."""
+        delay = _RESUBSCRIBE_MIN
+        while True:
+            await asyncio.sleep(delay)  # (backoff between retries)
+            if self._bg.closed or self._event_channels.get(session_id) is not channel:
+                return
+            try:
+                await self._subscribe_events(session_id)
+            except Exception as exc:
+                log.debug("event channel of %s still unavailable: %s", session_id, exc)
+                delay = min(2 * delay, _RESUBSCRIBE_MAX)
+                continue
+            if self._event_channels.get(session_id) is not channel:  # closed meanwhile
+                await quiet(self._backends.signals.unsubscribe_events(session_id))
+                return
+            self._hub.fall_behind(session_id)
+            return
 
     async def _close_subscriber(self, sub: Subscriber) -> None:
         if sub.dropped:
             self._metrics.emit("on_events_dropped", sub.session_id, sub.dropped, SUBSCRIBER_DROPS)
-        if self._hub.remove(sub) and self._event_channels.pop(sub.session_id, None) is not None:
+        if not self._hub.remove(sub):
+            return
+        self._heard.pop(sub.session_id, None)
+        if self._event_channels.pop(sub.session_id, None) is not None:
             await quiet(self._backends.signals.unsubscribe_events(sub.session_id))
 
     async def _on_event_signal(self, signal: Signal) -> None:
@@ -141,7 +194,7 @@ class ControlChannel(RouterPart):
         frames, unreadable = frames_from_payload(signal.payload)
         if unreadable:
             log.warning("dropped %d unreadable event frame(s) from %s", unreadable, signal.origin)
-        self._hub.fan_out(signal.session_id, frames)
+        self._hand_out(signal.session_id, frames)
 
     async def deliver_frames(self, session_id: str, frames: Sequence[Event]) -> None:
         """Log a batch of frames and publish it on the rail as one signal, in one store call
@@ -171,7 +224,22 @@ class ControlChannel(RouterPart):
                 local = [
                     f.model_copy(update={"event_id": i}) for f, i in zip(frames, ids, strict=True)
                 ]
-            self._hub.fan_out(session_id, local)
+            self._hand_out(session_id, local)
+
+    def _hand_out(self, session_id: str, frames: Sequence[Event]) -> None:
+        """Give frames to the session's local subscribers, noting the newest event id."""
+        if not self._hub.has(session_id):
+            return
+        self._hub.fan_out(session_id, frames)
+        for frame in reversed(frames):  # a batch's ids increase: its last one is its newest
+            if frame.event_id is not None:
+                self._heard_up_to(session_id, frame.event_id)
+                return
+
+    def _heard_up_to(self, session_id: str, event_id: str) -> None:
+        heard = self._heard.get(session_id)
+        if heard is None or event_id_key(event_id) > event_id_key(heard):
+            self._heard[session_id] = event_id
 
     def finish_subscribers(self, session_id: str | None = None) -> None:
         """End the local streams of one session (or of all sessions)."""

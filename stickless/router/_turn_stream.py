@@ -22,7 +22,7 @@ from .._events import (
 from .._trace import TraceContext
 from ..backends.base import EventLog
 from ._api import SubmitDisposition, SubmitOrigin
-from ._stream import EventStream, logged_frames
+from ._stream import EventStream, StreamGap, logged_frames
 
 #: Seconds the stream still waits for the turn's terminal frame once its answer is known (the
 #: answer usually comes first: the frame follows through the relay). Past it, the log is read
@@ -69,6 +69,11 @@ class TurnStream:
     @property
     def origin(self) -> SubmitOrigin:
         return self._disposition.origin
+
+    def take_gaps(self) -> list[StreamGap]:
+        """Frames of the session its live stream could not give since the last call (see
+        `EventStream.take_gaps`; the turn's own frames among them are lost to this stream)."""
+        return self._live.take_gaps()
 
     def __aiter__(self) -> TurnStream:
         return self

@@ -19,7 +19,7 @@ from .._events import Event
 from .._trace import TraceContext
 from .._types import Principal, SubmitRequest, TurnResult, field_errors, is_session_id
 from ..backends.base import MAX_VERSION
-from ..router import SessionRouter, SubmitOrigin, TurnState
+from ..router import EventStream, SessionRouter, SubmitOrigin, TurnState, TurnStream
 from ..router._background import io
 from ..router._stream import check_cursor, logged_frames
 from ._auth import ANONYMOUS, Action, Authenticator, Authorizer, OwnerOnly
@@ -177,20 +177,26 @@ def _cursor(last_event_id: str | None, after: str | None) -> str | None:
     return last_event_id if last_event_id else after
 
 
-async def _event_bytes(frames: AsyncIterator[Event], gap: bytes = b"") -> AsyncIterator[bytes]:
-    """SSE frames of a stream of events (after a `gap` frame, when one is due); an error after
-    the 200 went out ends the stream with an `error` frame."""
+async def _event_bytes(
+    frames: EventStream | TurnStream, gap: bytes = b""
+) -> AsyncIterator[bytes]:
+    """SSE frames of a stream of events (after a `gap` frame, when one is due); a gap the
+    stream meets on the way (frames the event log no longer held when it caught up) goes out
+    as a `gap` frame where it lies; an error after the 200 went out ends the stream with an
+    `error` frame."""
     if gap:
         yield gap
     try:
         async for frame in frames:
+            for met in frames.take_gaps():
+                yield gap_frame(met.cursor or "", met.oldest_id)
             yield event_frame(frame)
+        for met in frames.take_gaps():
+            yield gap_frame(met.cursor or "", met.oldest_id)
     except Exception as exc:
         yield named_frame("error", {"code": type(exc).__name__, "message": str(exc)})
     finally:
-        aclose = getattr(frames, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await frames.aclose()
 
 
 def _turn_request(

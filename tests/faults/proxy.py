@@ -28,6 +28,8 @@ event, `wait()` and `await wait_fired()` tell when it actually took effect):
   only those of one client name (CLIENT SETNAME: one pool of a client, e.g. a node's command
   pool but not its renewer's or its pub/sub connection).
 - `reset_all`, `refuse_new`: abort every open connection now; reset new ones as they arrive.
+- `reset_connections`: abort only the connections that subscribed (a pub/sub-only cut), or
+  only those that did not (a command-only cut).
 
 A reset sets SO_LINGER 0 before closing, so the peer sees ECONNRESET, not a clean EOF. EVALSHA
 answered NOSCRIPT never ran, so it does not count as a match of `cut_after` / `hold_reply`
@@ -1337,6 +1339,22 @@ class FaultProxy:
             for conn in conns:
                 self._record(FiredFault("reset_all", conn.id, None, None, time.monotonic()))
                 conn.kill("reset_all")
+            return len(conns)
+
+        return asyncio.run_coroutine_threadsafe(reset(), loop).result(WAIT_TIMEOUT)
+
+    def reset_connections(self, *, subscribed: bool) -> int:
+        """Reset every open connection that subscribed (a pub/sub-only cut: commands go on), or
+        every one that did not (a command-only cut: pub/sub goes on); how many were reset."""
+        loop = self._loop
+        if loop is None:
+            return 0
+
+        async def reset() -> int:
+            conns = [c for c in self._conns.values() if c.unpaired == subscribed]
+            for conn in conns:
+                self._record(FiredFault("reset_connections", conn.id, None, None, time.monotonic()))
+                conn.kill("reset_connections")
             return len(conns)
 
         return asyncio.run_coroutine_threadsafe(reset(), loop).result(WAIT_TIMEOUT)

@@ -15,6 +15,9 @@
    callers were told.
 5. Liveness (where the rules give a bound): no session stays unserved longer than it while a
    healthy node exists (see `liveness`).
+6. Stream completeness (for a run that kept streams open, see `streams`): every frame logged
+   for a turn reached every stream open on its session, once, in order, or the stream reported
+   a gap.
 
 What an environment may legitimately answer (failure codes, refusals during a store restart,
 bounds) comes with it as `rules.Rules`. Symptoms of the bugs in `known_bugs` are listed as known-bug
@@ -42,6 +45,7 @@ from stickless.backends.base import Backends, ReservationState
 from . import known_bugs, liveness, overlaps
 from .records import Call, Control, Execution, History, parse
 from .rules import CLIENT_KEY, LOST_HOLDER, NOTHING_COMMITTED, TURN_KEY, Rules
+from .streams import stream_violations
 
 
 class Checker:
@@ -163,6 +167,15 @@ class Checker:
         if self.rules.serve_within is not None:
             for message in liveness.liveness(self.history, self.rules.serve_within):
                 self.fail("5 liveness", message)
+        await self.streams_complete(backends)
+
+    async def streams_complete(self, backends: Backends) -> None:
+        """Every frame logged for a turn reached every stream kept open on its session, once,
+        in order, or the stream reported a gap (tests/storm/streams.py)."""
+        for message in await stream_violations(self.history.streams, backends):
+            self.known("STREAM_COMPLETENESS_BUG", "stream_completeness", message)
+        self.counts["streams"] = len(self.history.streams)
+        self.counts["streamed_frames"] = sum(len(r.frames) for r in self.history.streams)
 
     def serialization(self) -> None:
         """A session's turns never run at the same time but for the window the README allows

@@ -16,6 +16,9 @@ uniform pick) it fires one fault, drawn by `FaultPlan.weights`, at a random live
 - ``stall``: the node's whole path (every connection, both directions) is held `stall` seconds
   (past its lease);
 - ``reset``: every connection of the node's path is reset (`reset_all`);
+- ``pubsub_cut`` / ``command_cut``: only the node's pub/sub connection is reset (commands go
+  on: what it publishes meanwhile is missed, its open streams catch up from the event log), or
+  only its command connections (pub/sub goes on);
 - ``sigstop``: the node process is SIGSTOPped for `stop` seconds, then SIGCONTed;
 - ``sigkill``: the node process is SIGKILLed (recorded as a crash) and a new one started;
 - ``redis_restart``: the redis-server restarts (append-only, same port) like the wave storm's.
@@ -62,6 +65,8 @@ CUT_SCRIPTS = (
     "idem_requeue",
     "events_relay",
 )
+#: Faults that reset only some of a node's connections (`FaultProxy.reset_connections`).
+CONNECTION_CUTS = {"pubsub_cut": True, "command_cut": False}
 #: The script of a node's liveness renewals (`LeaseRenewer.tick`): holding its reply keeps the
 #: node's incarnation, so its leases and reservations, from being renewed.
 RENEWALS = ("live_renew",)
@@ -203,6 +208,8 @@ class FaultDriver:
             entry.rule = proxy.stall("both", seconds=entry.seconds)
         elif kind == "reset":
             entry.took_effect = proxy.reset_all() > 0
+        elif kind in CONNECTION_CUTS:
+            entry.took_effect = proxy.reset_connections(subscribed=CONNECTION_CUTS[kind]) > 0
         elif kind == "sigstop":
             if sum(n.stopped for n in self.nodes.alive()) >= plan.max_stopped:
                 entry.kind = "sigstop:skipped"
@@ -291,7 +298,7 @@ class FaultDriver:
                 continue
             if entry.kind.startswith(("cut:", "hold:")) and entry.rule is not None:
                 found.extend((e.at, e.at + entry.seconds) for e in entry.rule.events)
-            elif entry.kind in ("stall", "reset", "command_stall"):
+            elif entry.kind in ("stall", "reset", "command_stall", *CONNECTION_CUTS):
                 found.append((entry.at, entry.at + entry.seconds))
         return found
 

@@ -52,3 +52,9 @@ REFUSED_BUT_QUEUED_BUG = False
 #: (between the purge and the EVICT) is failed by that EVICT with EVICTED, while the message
 #: survives, runs under the next lease and commits.
 LATE_DELIVERY_EVICT_BUG = False
+#: (open) The fault storm's stream check (tests/storm/streams.py) saw, in 1 of its 6 CI runs, a
+#: session stream resumed on another node that missed a turn's first frames, or yielded a turn
+#: out of order, around a redis-server restart combined with node kills. No focused repro yet
+#: (tests/test_stream_catch_up.py covers each fault alone). While True, such symptoms are listed
+#: as known-bug hits.
+STREAM_COMPLETENESS_BUG = True

@@ -10,6 +10,7 @@ from typing import Any
 from stickless import FailureCode, Priority, TurnFailedError, TurnResult
 
 from .known_bugs import KILLED_NODE_ANSWERS_BUG
+from .streams import StreamRecord
 
 
 def request_text(session_id: str, tag: str, spec: str = "") -> str:
@@ -176,3 +177,5 @@ class History:
     #: Spans during which a node could not renew its leases (the fault storm's driver records
     #: them: they explain the one overlap of turns the README allows).
     outages: list[Outage] = field(default_factory=list)
+    #: The session streams kept open through the storm (tests/storm/streams.py), if any.
+    streams: list[StreamRecord] = field(default_factory=list)

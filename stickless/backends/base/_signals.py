@@ -33,8 +33,15 @@ class SignalBus(Protocol):
         sent meanwhile were missed, and whatever waits on one should look for itself."""
         ...
 
-    async def subscribe_events(self, session_id: str, handler: SignalHandler) -> None:
-        """Start receiving EVENT signals of one session (replaces a previous handler)."""
+    async def subscribe_events(
+        self,
+        session_id: str,
+        handler: SignalHandler,
+        on_resubscribed: Callable[[], None] | None = None,
+    ) -> None:
+        """Start receiving EVENT signals of one session (replaces a previous handler).
+        `on_resubscribed` is called each time the channel is live again after its connection
+        was lost: frames published meanwhile were missed (the event log has them)."""
         ...
 
     async def unsubscribe_events(self, session_id: str) -> None: ...

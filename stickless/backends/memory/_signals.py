@@ -134,8 +134,14 @@ class MemorySignalBus:
         with self._link.open() as state:
             return MemorySubscription(state, self._link, handler)
 
-    async def subscribe_events(self, session_id: str, handler: SignalHandler) -> None:
-        """Receive one session's EVENT signals on the calling loop, replacing a previous handler."""
+    async def subscribe_events(
+        self,
+        session_id: str,
+        handler: SignalHandler,
+        on_resubscribed: Callable[[], None] | None = None,
+    ) -> None:
+        """Receive one session's EVENT signals on the calling loop, replacing a previous handler
+        (never lost, so `on_resubscribed` is never called)."""
         with self._link.open() as state:
             previous = self._events.get(session_id)
             if previous is not None:

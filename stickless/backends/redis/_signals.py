@@ -162,9 +162,16 @@ class RedisSignalBus:
         await self._attach(sub)
         return sub
 
-    async def subscribe_events(self, session_id: str, handler: SignalHandler) -> None:
-        """Receive one session's EVENT signals, replacing a previous handler."""
-        sub = RedisSubscription(self, self._keys.event_channel(session_id), handler)
+    async def subscribe_events(
+        self,
+        session_id: str,
+        handler: SignalHandler,
+        on_resubscribed: Callable[[], None] | None = None,
+    ) -> None:
+        """Receive one session's EVENT signals, replacing a previous handler; `on_resubscribed`
+        runs each time the channel is confirmed on a new connection after a lost one."""
+        channel = self._keys.event_channel(session_id)
+        sub = RedisSubscription(self, channel, handler, on_resubscribed)
         previous = self._events.get(session_id)
         self._events[session_id] = sub
         try:
