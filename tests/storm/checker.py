@@ -273,7 +273,7 @@ class Checker:
                 if code is FailureCode.FAILED:
                     codes[f"FAILED:{detail.split(':')[0]}"] += 1
                 odd_failure = (
-                    code is FailureCode.FAILED
+                    code in (FailureCode.FAILED, FailureCode.BACKEND_UNAVAILABLE)
                     and not rules.failed_ok(detail)
                     and not call.pending_at_kill  # (that is KILLED_NODE_ANSWERS_BUG's case)
                 )

@@ -21,11 +21,13 @@ NOTHING_COMMITTED = {
     FailureCode.EVICTED,
     FailureCode.LEASE_LOST,
     FailureCode.NOT_HOLDER,
+    FailureCode.BACKEND_UNAVAILABLE,
 }
 #: What a caller may be told where interrupts, releases and crashes happen. FORWARD_TIMEOUT is
 #: not among them: every loss is detected within lease TTL + secondary TTL, far below
 #: forward_ttl, so a forward timing out means a message vanished. UNREADABLE and
-#: CONFLICTING_AGENT cannot occur; FAILED only with a detail the environment's rules allow.
+#: CONFLICTING_AGENT cannot occur; FAILED and BACKEND_UNAVAILABLE (a store call inside the turn
+#: that failed) only with a detail the environment's rules allow.
 CHAOS_CODES = frozenset(
     {
         FailureCode.HOLDER_LOST,
@@ -35,6 +37,7 @@ CHAOS_CODES = frozenset(
         FailureCode.LEASE_LOST,
         FailureCode.NOT_HOLDER,
         FailureCode.FAILED,
+        FailureCode.BACKEND_UNAVAILABLE,
     }
 )
 #: Answers after which a committed turn's key may legitimately run again: its holder was lost.
