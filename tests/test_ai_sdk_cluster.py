@@ -66,3 +66,10 @@ def test_the_ai_sdk_chat_client_runs_against_the_cluster(redis_url: str, tmp_pat
     assert run.returncode == 0, report
     # Every test ran and passed (a skipped one, or one not found, fails here too).
     assert "\n# pass 6\n" in run.stdout and "\n# fail 0\n" in run.stdout, report
+
+
+def test_the_readme_shows_the_transport_the_tests_use() -> None:
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### AI SDK (useChat)", 1)[1]
+    shown = section.split("```js\n", 1)[1].split("```", 1)[0]
+    assert shown == (CLIENT / "chat_transport.mjs").read_text(encoding="utf-8")

@@ -11,7 +11,9 @@ import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { test } from 'node:test';
 
-import { AbstractChat, DefaultChatTransport } from 'ai';
+import { AbstractChat } from 'ai';
+
+import { chatTransport, stopChat } from './chat_transport.mjs';
 
 const BASE = process.env.STICKLESS_URL;
 if (!BASE) {
@@ -19,10 +21,8 @@ if (!BASE) {
   if (process.env.CI === 'true') throw new Error(why);
   test(why, { skip: true }, () => {});
 }
-const API = `${BASE}/v1/ai-sdk/chat`;
 const NODES = JSON.parse(process.env.STICKLESS_NODES ?? '{}');
 const ALICE = { Authorization: 'Bearer tok-alice' };
-const BOB = { Authorization: 'Bearer tok-bob' };
 /** The agent's long reply (tests/ai_sdk_agent.py, STORY). */
 const STORY = Array.from({ length: 40 }, (_, i) => `word${i + 1}`).join(' ');
 const SLOW_STORY = { submit_options: { story: true, delay: 0.1 } };
@@ -81,10 +81,10 @@ function observingFetch(seen) {
   };
 }
 
-function newChat(headers = ALICE) {
+function newChat(token = 'tok-alice') {
   const seen = [];
-  const transport = new DefaultChatTransport({
-    api: API, headers, body: { agent_ref: 'clock' }, fetch: observingFetch(seen),
+  const transport = chatTransport({
+    baseUrl: BASE, token, agentRef: 'clock', fetch: observingFetch(seen),
   });
   return { chat: new TestChat({ id: `chat-${randomUUID()}`, transport }), seen, transport };
 }
@@ -147,7 +147,7 @@ test('a chat with nothing to resume answers 204, also to whoever may not see it'
   assert.equal(await transport.reconnectToStream({ chatId: chat.id }), null);
   const running = chat.sendMessage({ text: 'tell a story' }, { body: SLOW_STORY });
   await chat.until(streaming);
-  const bob = newChat(BOB);
+  const bob = newChat('tok-bob');
   assert.equal(await bob.transport.reconnectToStream({ chatId: chat.id }), null);
   await assert.rejects(
     bob.transport.sendMessages({
@@ -156,13 +156,12 @@ test('a chat with nothing to resume answers 204, also to whoever may not see it'
     }),
     /UNKNOWN_SESSION/,
   );
-  const stop = await fetch(`${API}/${chat.id}/stop`, { method: 'POST', headers: BOB });
-  assert.equal(stop.status, 404);
-  const anonymous = newChat({});
+  await assert.rejects(stopChat(chat.id, { baseUrl: BASE, token: 'tok-bob' }), /UNKNOWN_SESSION/);
+  const anonymous = newChat(null);
   await assert.rejects(
     anonymous.transport.reconnectToStream({ chatId: chat.id }), /UNAUTHENTICATED/,
   );
-  await fetch(`${API}/${chat.id}/stop`, { method: 'POST', headers: ALICE });
+  assert.equal(await stopChat(chat.id, { baseUrl: BASE, token: 'tok-alice' }), true);
   await running;
 });
 
@@ -170,9 +169,7 @@ test('the stop route interrupts the turn; the open stream ends with what was sai
   const { chat, seen } = newChat();
   const sending = chat.sendMessage({ text: 'tell a story' }, { body: SLOW_STORY });
   await chat.until(streaming);
-  const stop = await fetch(`${API}/${chat.id}/stop`, { method: 'POST', headers: ALICE });
-  assert.equal(stop.status, 202);
-  assert.deepEqual(await stop.json(), { interrupted: true });
+  assert.equal(await stopChat(chat.id, { baseUrl: BASE, token: 'tok-alice' }), true);
   await sending;
   assert.equal(chat.status, 'ready', String(chat.error));
   const said = textOf(assistant(chat));
