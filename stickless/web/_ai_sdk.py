@@ -183,16 +183,22 @@ class _Chats:
             body = ChatRequest.model_validate_json(raw or b"null")
         except ValidationError as exc:
             raise _invalid(field_errors(exc)) from None
-        check_session_id(body.id)
+        try:
+            check_session_id(body.id)
+        except HttpError as exc:
+            raise _invalid(f"id (the chat id, which is the session id): {exc.message}") from None
         submit = self.submit_request(body, principal, request.headers.get("idempotency-key"),
                                      request.headers.get("traceparent"))
         await gateway.claim(principal, body.id)
         try:
             stream = await gateway.router.stream(submit)
         except IdempotencyConflictError:
+            sent = request.headers.get("idempotency-key")
+            what = (f"Idempotency-Key {sent!r} was used" if sent else
+                    f"messages: user message {body.messages[-1].id!r} was sent")
             raise IdempotencyConflictError(
-                f"messages: user message {body.messages[-1].id!r} was sent before with other "
-                "content (a stickless history is append-only: send a new message)"
+                f"{what} before with other content (a stickless history is append-only: send "
+                "a new message)"
             ) from None
         try:
             pointer = gateway.router.backends.chat_streams

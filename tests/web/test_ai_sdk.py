@@ -72,7 +72,7 @@ REFUSED = [
     ("no text or file part", _last(chat("c1"), parts=[{"type": "step-start"}]), "parts"),
     ("a file part without its media type", _last(chat("c1"), parts=[{"type": "file", "url": "x"}]),
      "mediaType"),
-    ("a chat id that is not a session id", chat("-bad id"), "session_id"),
+    ("a chat id that is not a session id", chat("-bad id"), "id (the chat id"),
     ("an unknown priority", {**chat("c1"), "priority": "SOON"}, "priority"),
 ]
 
