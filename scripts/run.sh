@@ -30,6 +30,20 @@ fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
 
+# The AI SDK drop-in is tested with the real `ai` package from npm (tests/test_ai_sdk_cluster.py):
+# install Node and npm when missing, then the client's pinned packages (package-lock.json).
+if [ "$job" = test ]; then
+  if ! command -v npm >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nodejs npm
+  fi
+  if command -v npm >/dev/null 2>&1; then
+    (cd clients/ai-sdk-test && npm ci --no-audit --no-fund --loglevel=error)
+  elif [ "${CI:-}" = true ]; then
+    echo "scripts/run.sh: npm is required under CI=true (clients/ai-sdk-test)" >&2
+    exit 1
+  fi
+fi
+
 case "$job" in
   demo)
     exec .venv/bin/stickless demo "$@"

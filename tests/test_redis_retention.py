@@ -7,7 +7,7 @@ The key inventory (README, "Redis memory and retention"):
 - per session with a TTL: `lease` (its expiry), `tokens` (the last lease's expiry + token_ttl),
   `inbox:<tier>` (inbox_ttl after the last delivery; removed whole when collected), `idem:<key>`
   (the primary TTL), `turn:<turn id>` (the reservation's TTL as reserved), `events`
-  (event_log_ttl after the last append or delete);
+  (event_log_ttl after the last append or delete), `chat` (event_log_ttl after it was set);
 - cluster-wide, no TTL on purpose: `idx:stale`, `idx:pending` (one each per namespace, members
   verified and dropped by the scans);
 - per holder with a TTL: `holder:<node>:leases` and `holder:<node>:idem` (twice the lease /
@@ -187,6 +187,15 @@ async def test_event_log_expires_after_its_last_append_or_delete(bundle: RedisBa
     await bundle.events.delete("s1")
     assert await bundle.client.xlen(stream) == 0
     assert await bundle.client.pttl(stream) > 29_000
+
+
+async def test_chat_stream_pointer_expires_with_the_event_log(bundle: RedisBackends) -> None:
+    pointer = bundle.keys.chat_stream("s1")
+    await bundle.chat_streams.started("s1", "t1")
+    assert 29_000 < await bundle.client.pttl(pointer) <= 30_000
+    await bundle.client.pexpire(pointer, 5_000)
+    await bundle.chat_streams.started("s1", "t2")  # the next turn sets it anew
+    assert await bundle.client.pttl(pointer) > 29_000
 
 
 async def test_event_log_keeps_exactly_its_bound(bundle: RedisBackends) -> None:

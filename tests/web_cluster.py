@@ -104,8 +104,11 @@ class WebNode:
         log_dir: Path,
         tokens: Path | None,
         config: dict[str, Any] | None = None,
+        opener: str | None = None,
     ) -> None:
         self.index = index
+        #: `--opener` of the node (None: the demo agent).
+        self.opener = opener
         self.name = f"web-{index}"
         self.port = free_port()
         self.redis_url = redis_url
@@ -138,6 +141,8 @@ class WebNode:
         ]  # fmt: skip
         if self.tokens is not None:
             args += ["--tokens", str(self.tokens)]
+        if self.opener is not None:
+            args += ["--opener", self.opener]
         self.process = _spawn(args, self.log_path)
         self.node_id = _ready_line(self.process, self.name, self.log_path).split()[2]
 
@@ -231,14 +236,22 @@ class WebCluster:
     """`nodes` serve processes over `redis_url` behind haproxy."""
 
     def __init__(
-        self, redis_url: str, log_dir: Path, nodes: int = 3, tokens: dict[str, str] | None = None
+        self,
+        redis_url: str,
+        log_dir: Path,
+        nodes: int = 3,
+        tokens: dict[str, str] | None = None,
+        opener: str | None = None,
     ) -> None:
         token_file = None
         if tokens is not None:
             token_file = log_dir / "tokens.json"
             token_file.write_text(json.dumps(tokens))
         namespace = f"web{os.getpid()}x{free_port()}"
-        self.nodes = [WebNode(i, redis_url, namespace, log_dir, token_file) for i in range(nodes)]
+        self.nodes = [
+            WebNode(i, redis_url, namespace, log_dir, token_file, opener=opener)
+            for i in range(nodes)
+        ]
         self.balancer = Haproxy(self.nodes, log_dir)
         self.log_dir = log_dir
 

@@ -1,5 +1,6 @@
 """The HTTP/SSE gateway (extra `web`): `create_app(router)` or `api_router` in your own app."""
 
+from ._ai_sdk import AISdkSettings, ai_sdk_router
 from ._app import create_app, probes_router
 from ._auth import (
     ANONYMOUS,
@@ -14,6 +15,7 @@ from ._routes import Gateway, GatewaySettings, api_router, scoped_key
 
 __all__ = [
     "ANONYMOUS",
+    "AISdkSettings",
     "Action",
     "Authenticator",
     "Authorizer",
@@ -22,6 +24,7 @@ __all__ = [
     "GatewaySettings",
     "OwnerOnly",
     "Unauthenticated",
+    "ai_sdk_router",
     "api_router",
     "create_app",
     "probes_router",

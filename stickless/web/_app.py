@@ -14,12 +14,16 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..router import SessionRouter
+from ._ai_sdk import AISdkSettings, ai_sdk_router
 from ._auth import Authenticator, Authorizer
 from ._errors import error_body
 from ._routes import Gateway, GatewaySettings, api_router
 
 if TYPE_CHECKING:
     from ..metrics import PrometheusMetrics
+
+#: The AI SDK routes `create_app` mounts unless told otherwise.
+DEFAULT_AI_SDK = AISdkSettings()
 
 #: Seconds `/readyz` waits for the backends to answer.
 READY_TIMEOUT = 2.0
@@ -109,10 +113,12 @@ def create_app(
     manage_router: bool = False,
     close_grace: float = 5.0,
     metrics: PrometheusMetrics | None = None,
+    ai_sdk: AISdkSettings | None = DEFAULT_AI_SDK,
 ) -> FastAPI:
     """The gateway over `router`: the `/v1` API (every answer names its node in `X-Node-Id`),
     `/healthz`, `/readyz`, OpenAPI at `/docs`, the chat page at `/` and, given the router's
-    `metrics` exporter, `/metrics`.
+    `metrics` exporter, `/metrics`; the AI SDK's chat routes under `ai_sdk.prefix` (None: not
+    mounted).
 
     Without an `authenticator` every request is the anonymous principal and every session is
     visible; with one, a session is visible only as the `authorizer` (default: its creator
@@ -135,6 +141,8 @@ def create_app(
     app.state.gateway = gateway
     app.add_middleware(NodeIdHeader, router=router)
     app.include_router(api_router(gateway))
+    if ai_sdk is not None:
+        app.include_router(ai_sdk_router(gateway, ai_sdk))
     app.include_router(probes_router(router))
     if metrics is not None:
         app.include_router(metrics_router(metrics))

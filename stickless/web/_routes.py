@@ -86,7 +86,7 @@ class Gateway:
 
     async def check(self, principal: Principal, session_id: str, action: Action) -> None:
         """Raises: HttpError 404 when the principal may not see the session."""
-        _check_session_id(session_id)
+        check_session_id(session_id)
         if self.authenticator is None:
             return
         owner = await io(self.router.backends.owners.owner(session_id))
@@ -127,9 +127,10 @@ class Gateway:
         async with contextlib.aclosing(frames):
             return await io(_any_of_turn(frames, turn_id))
 
-    async def read_body(self, request: Request) -> bytes:
-        """The request body, refused (413) past `max_input_bytes` without reading it all."""
-        limit = self.settings.max_input_bytes
+    async def read_body(self, request: Request, limit: int | None = None) -> bytes:
+        """The request body, refused (413) past `limit` (default `max_input_bytes`) without
+        reading it all."""
+        limit = self.settings.max_input_bytes if limit is None else limit
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             raise _too_large(limit)
@@ -150,7 +151,7 @@ async def _any_of_turn(frames: AsyncIterator[Event], turn_id: str) -> bool:
     return False
 
 
-def _check_session_id(session_id: str) -> None:
+def check_session_id(session_id: str) -> None:
     if not is_session_id(session_id):
         raise HttpError(
             400,
@@ -273,7 +274,7 @@ def api_router(gateway: Gateway) -> APIRouter:
     ) -> Response:
         """Submit one message; with `Accept: text/event-stream`, stream the turn's events."""
         principal = await gateway.principal(request)
-        _check_session_id(session_id)
+        check_session_id(session_id)
         raw = await gateway.read_body(request)
         try:
             body = TurnBody.model_validate_json(raw or b"null")

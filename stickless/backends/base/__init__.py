@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from ._chat_streams import ChatStreams
 from ._dead_letters import (
     MAX_RAW_BYTES,
     DeadLetter,
@@ -89,6 +90,7 @@ __all__ = [
     "AttemptRecord",
     "Takeover",
     "Backends",
+    "ChatStreams",
     "CollectedBatch",
     "DEFAULT_EVENT_LOG_MAX_LEN",
     "DEFAULT_EVENT_LOG_TTL",
@@ -157,6 +159,8 @@ class Backends(EventRelayPath, Protocol):
     dead_letters: DeadLetterStore
     #: Who created each session (the HTTP gateway's authorization stamp).
     owners: SessionOwners
+    #: The turn each chat last started (the AI SDK routes' resumable stream).
+    chat_streams: ChatStreams
     #: The fused calls of a turn's phases over the roles above (see `HotPath`).
     hotpath: HotPath
 

@@ -10,6 +10,7 @@ from ..._events import Event
 from ..base import (
     DEFAULT_EVENT_LOG_MAX_LEN,
     DEFAULT_EVENT_LOG_TTL,
+    ChatStreams,
     DeadLetterStore,
     EventLog,
     HotPath,
@@ -30,6 +31,7 @@ from ._liveness import MemoryLiveness
 from ._shared import Link, State
 from ._signals import MemorySignalBus
 from ._stores import (
+    MemoryChatStreams,
     MemoryLeaseStore,
     MemoryRecordStore,
     MemorySessionOwners,
@@ -50,6 +52,7 @@ class MemoryBackends:
     events: EventLog
     dead_letters: DeadLetterStore
     owners: SessionOwners
+    chat_streams: ChatStreams
     hotpath: HotPath
 
     def __init__(
@@ -84,6 +87,7 @@ class MemoryBackends:
         self.events = MemoryEventLog(link)
         self.dead_letters = MemoryDeadLetterStore(link)
         self.owners = MemorySessionOwners(link)
+        self.chat_streams = MemoryChatStreams(link)
         self.hotpath = MemoryHotPath(link)
 
     async def append_and_publish(

@@ -134,6 +134,8 @@ class State:
         self.dead_letters: dict[str, dict[str, bytes]] = {}
         #: Per session, the principal id that created it (see `SessionOwners`).
         self.owners: dict[str, str] = {}
+        #: Per session, the turn its chat client last started (see `ChatStreams`).
+        self.chat_streams: dict[str, str] = {}
         self.control_subs: dict[LinkedSubscription, None] = {}
         self.event_subs: dict[str, dict[LinkedSubscription, None]] = {}
 

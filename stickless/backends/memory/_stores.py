@@ -158,4 +158,23 @@ class MemorySessionOwners:
             state.owners.pop(session_id, None)
 
 
+# --------------------------------------------------------------------------- chat streams
+
+
+class MemoryChatStreams:
+    """The turn each chat last started (see `ChatStreams`); forgotten only with the data set,
+    as a finished turn's pointer means nothing to resume."""
+
+    def __init__(self, link: Link) -> None:
+        self._link = link
+
+    async def started(self, session_id: str, turn_id: str) -> None:
+        with self._link.open() as state:
+            state.chat_streams[session_id] = turn_id
+
+    async def current(self, session_id: str) -> str | None:
+        with self._link.open() as state:
+            return state.chat_streams.get(session_id)
+
+
 # --------------------------------------------------------------------------- inbox

@@ -18,6 +18,7 @@ from ..._events import Event
 from ..base import (
     DEFAULT_EVENT_LOG_MAX_LEN,
     DEFAULT_EVENT_LOG_TTL,
+    ChatStreams,
     DeadLetterStore,
     EventLog,
     HotPath,
@@ -51,7 +52,7 @@ from ._server import (
     parse_policy,
 )
 from ._signals import RedisSignalBus
-from ._stores import RedisLeaseStore, RedisRecordStore, RedisSessionOwners
+from ._stores import RedisChatStreams, RedisLeaseStore, RedisRecordStore, RedisSessionOwners
 
 #: Default bound (seconds) of connecting and of waiting for one reply.
 DEFAULT_SOCKET_TIMEOUT = 5.0
@@ -101,6 +102,7 @@ class RedisBackends:
     events: EventLog
     dead_letters: DeadLetterStore
     owners: SessionOwners
+    chat_streams: ChatStreams
     hotpath: HotPath
 
     def __init__(
@@ -169,6 +171,9 @@ class RedisBackends:
         self.events = self._event_log
         self.dead_letters = RedisDeadLetterStore(self.client, scripts, self.keys)
         self.owners = RedisSessionOwners(self.client, scripts, self.keys)
+        self.chat_streams = RedisChatStreams(
+            self.client, scripts, self.keys, retention.event_log_ttl
+        )
         self.hotpath = RedisHotPath(idempotency, self._event_log, self.inbox)
 
     @classmethod

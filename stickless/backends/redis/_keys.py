@@ -128,6 +128,11 @@ class Keys:
         until the session is deleted through the gateway."""
         return f"{self.tag(session_id)}:owner"
 
+    def chat_stream(self, session_id: str) -> str:
+        """String naming the turn the session's chat client last started (see `ChatStreams`);
+        expires `event_log_ttl` after it was set."""
+        return f"{self.tag(session_id)}:chat"
+
     def event_channel(self, session_id: str) -> str:
         """Pub/sub channel of the session's EVENT signals (plain PUBLISH, slot-agnostic)."""
         return f"{self.namespace}:ev:{session_id}"

@@ -216,3 +216,22 @@ class RedisSessionOwners(_Role):
 
     async def forget(self, session_id: str) -> None:
         await self._client.delete(self._keys.owner(session_id))
+
+
+# --------------------------------------------------------------------------- chat streams
+
+
+class RedisChatStreams(_Role):
+    """The turn each chat last started, one string per session expiring with the event log it
+    points into (see `ChatStreams`)."""
+
+    def __init__(self, client: Redis, scripts: Scripts, keys: Keys, ttl: float) -> None:
+        super().__init__(client, scripts, keys)
+        self._ttl_ms = max(int(ttl * 1000), 1)
+
+    async def started(self, session_id: str, turn_id: str) -> None:
+        await self._client.set(self._keys.chat_stream(session_id), turn_id, px=self._ttl_ms)
+
+    async def current(self, session_id: str) -> str | None:
+        value = await self._client.get(self._keys.chat_stream(session_id))
+        return None if value is None else _text(value)
