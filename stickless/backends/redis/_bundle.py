@@ -30,7 +30,7 @@ from ..base import (
     SessionOwners,
     SignalBus,
 )
-from ._connect import connect
+from ._connect import Connections, connect
 from ._dead_letters import RedisDeadLetterStore
 from ._eventlog import RedisEventLog
 from ._hotpath import RedisHotPath
@@ -86,6 +86,37 @@ class Retention:
                 raise ValueError(f"{name} must be a positive number of seconds")
 
 
+def _open(
+    url: str, client_options: dict[str, Any], allow_evicting_redis: bool, role: str
+) -> Connections:
+    """The pools of a bundle: commands (named for `role`) and pub/sub."""
+    # A blocking pool: callers past `max_connections` wait (up to `pool_timeout`) for a
+    # free connection instead of failing at once with "Too many connections", so a burst
+    # of work on a healthy server queues instead of turning into 503s or failed turns.
+    pool_options = dict(client_options)
+    max_connections = int(pool_options.pop("max_connections", DEFAULT_MAX_CONNECTIONS))
+    pool_timeout = float(pool_options.pop("pool_timeout", DEFAULT_POOL_TIMEOUT))
+    name = str(pool_options.pop("client_name", None) or DEFAULT_CLIENT_NAME)
+    # Every command connection checks the eviction policy as it connects, so a reconnect
+    # (a restart, a failover) to a server that may evict keys is refused too. The pub/sub
+    # connection never retries inside redis-py: its reader reconnects by itself.
+    return connect(
+        url,
+        {
+            "max_connections": max_connections,
+            "timeout": pool_timeout,
+            "redis_connect_func": connect_check(allow_evicting_redis),
+            "client_name": f"{name}:{role}",
+            **pool_options,
+        },
+        {
+            **pool_options,
+            "client_name": f"{name}:pubsub",
+            "retry": Retry(NoBackoff(), 0, supported_errors=()),
+        },
+    )
+
+
 class RedisBackends:
     """Every storage role on one Redis server; one pool per bundle."""
 
@@ -123,31 +154,7 @@ class RedisBackends:
         self._client_options = client_options
         self.allow_evicting_redis = allow_evicting_redis
         self.keys = Keys(namespace)
-        # A blocking pool: callers past `max_connections` wait (up to `pool_timeout`) for a
-        # free connection instead of failing at once with "Too many connections", so a burst
-        # of work on a healthy server queues instead of turning into 503s or failed turns.
-        pool_options = dict(client_options)
-        max_connections = int(pool_options.pop("max_connections", DEFAULT_MAX_CONNECTIONS))
-        pool_timeout = float(pool_options.pop("pool_timeout", DEFAULT_POOL_TIMEOUT))
-        name = str(pool_options.pop("client_name", None) or DEFAULT_CLIENT_NAME)
-        # Every command connection checks the eviction policy as it connects, so a reconnect
-        # (a restart, a failover) to a server that may evict keys is refused too. The pub/sub
-        # connection never retries inside redis-py: its reader reconnects by itself.
-        self._connections = connect(
-            url,
-            {
-                "max_connections": max_connections,
-                "timeout": pool_timeout,
-                "redis_connect_func": connect_check(allow_evicting_redis),
-                "client_name": f"{name}:{role}",
-                **pool_options,
-            },
-            {
-                **pool_options,
-                "client_name": f"{name}:pubsub",
-                "retry": Retry(NoBackoff(), 0, supported_errors=()),
-            },
-        )
+        self._connections = _open(url, client_options, allow_evicting_redis, role)
         self._pool = self._connections.pool
         self.client: Redis = Redis(connection_pool=self._pool)
         pubsub_client = self._connections.pubsub
@@ -160,7 +167,7 @@ class RedisBackends:
             self.client,
             pubsub_client,
             self.keys,
-            float(pool_options["socket_timeout"] or DEFAULT_SOCKET_TIMEOUT),
+            float(client_options["socket_timeout"] or DEFAULT_SOCKET_TIMEOUT),
         )
         self.signals = self._signals
         idempotency = RedisIdempotencyStore(self.client, scripts, self.keys, retention.inbox_ttl)
