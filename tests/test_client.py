@@ -1,7 +1,7 @@
 """`stickless.client` against real `stickless serve` processes: one node in memory and one over
 a real redis-server (every call of the surface, sync and async), and a cluster of three behind
-haproxy running deploy/haproxy.cfg where the node serving a stream is SIGKILLed mid-turn: the
-client resumes on a survivor and gives every frame once."""
+haproxy running deploy/haproxy.cfg (and nginx running deploy/nginx.conf) where the node serving
+a stream is SIGKILLed mid-turn: the client resumes on a survivor and gives every frame once."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from stickless.client import (
 from stickless.local_services import free_port
 
 from .test_web_cluster import STORY, steer_away_from, warm_up
-from .web_cluster import WebCluster, _ready_line, _spawn, _stop
+from .web_cluster import Haproxy, Nginx, WebCluster, _ready_line, _spawn, _stop
 
 AGENT = "demo-agent"
 TOKENS = {"tok-alice": "alice", "tok-bob": "bob"}
@@ -158,10 +158,12 @@ async def test_the_async_client_follows_a_session_and_waits_for_results(server: 
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("balancer", [Haproxy, Nginx])
 def test_a_stream_resumes_without_loss_or_duplicates_after_its_node_dies(
-    redis_url: str, tmp_path: Path
+    redis_url: str, tmp_path: Path, balancer: type[Haproxy]
 ) -> None:
-    with WebCluster(redis_url, tmp_path, nodes=3) as cluster, Client(cluster.url) as client:
+    cluster = WebCluster(redis_url, tmp_path, nodes=3, balancer=balancer)
+    with cluster, Client(cluster.url) as client:
         # Given a slow turn submitted and streamed by a node that does not hold the session
         sid = f"s-{uuid.uuid4().hex[:12]}"
         holder = warm_up(cluster, sid)
