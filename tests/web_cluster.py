@@ -89,7 +89,7 @@ def render_config(path: Path, port: int, nodes: list[WebNode]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _spawn(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+def _spawn(args: list[str], log_path: Path, cwd: Path = REPO_ROOT) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(
@@ -97,7 +97,7 @@ def _spawn(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
         ),
     }
     with open(log_path, "ab") as log:
-        process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, env=env, cwd=REPO_ROOT)
+        process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, env=env, cwd=cwd)
     LIVE_PROCESSES[process.pid] = process
     return process
 
