@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..router import SessionRouter
 from ._auth import Authenticator, Authorizer
+from ._docs import mount_docs
 from ._errors import error_body
 from ._routes import Gateway, GatewaySettings, api_router
 
@@ -126,7 +127,10 @@ def create_app(
             if manage_router:
                 await router.aclose(grace=close_grace)
 
-    app = FastAPI(title="stickless", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(
+        title="stickless", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None
+    )
+    mount_docs(app)
     app.state.gateway = gateway
     app.add_middleware(NodeIdHeader, router=router)
     app.include_router(api_router(gateway))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import httpx
@@ -295,3 +296,15 @@ async def test_the_python_client_surfaces_a_gap_then_reads_on(make_app: Any) -> 
     resumed = [i async for i in client.stream_turn("s1", second.turn_id, after=first[0].id)]
     assert resumed[0] == Gap(cursor=first[0].id, oldest_id=None)
     assert isinstance(resumed[-1], StreamEvent) and resumed[-1].type == "turn_completed"
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+async def test_the_docs_pages_load_nothing_from_another_site(served: Served, page: str) -> None:
+    html = (await served.client.get(page)).text
+    assert "://" not in html and "'//" not in html and '"//' not in html, html
+    # Every script, style and icon it loads, and the schema, come from the node itself
+    loaded = re.findall(r"""(?:src|href)=["']([^"']+)["']|url: ?["']([^"']+)["']""", html)
+    paths = {a or b for a, b in loaded} | {"/openapi.json"}
+    assert any(p.endswith(".js") for p in paths), paths
+    for path in paths:
+        assert (await served.client.get(path)).status_code == 200, path
