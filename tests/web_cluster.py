@@ -89,9 +89,12 @@ def render_config(path: Path, port: int, nodes: list[WebNode]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _spawn(args: list[str], log_path: Path, cwd: Path = REPO_ROOT) -> subprocess.Popen[bytes]:
+def _spawn(
+    args: list[str], log_path: Path, cwd: Path = REPO_ROOT, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
+        **(env or {}),
         "PYTHONPATH": os.pathsep.join(
             p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
         ),
