@@ -9,13 +9,14 @@ cd "$(dirname "$0")/.."
 job="${1:-test}"
 shift || true
 
-# The tests start their own redis-server (also with TLS: openssl makes its certificates), haproxy
-# and headless Chromium (Debian's chromium and chromium-driver); install what is missing (CI runs
+# The tests start their own redis-server (also with TLS: openssl makes its certificates), haproxy,
+# nginx and headless Chromium (Debian's chromium and chromium-driver); install what is missing (CI runs
 # as root).
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 [ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null 2>&1 || missing+=(haproxy)
+[ -x /usr/sbin/nginx ] || command -v nginx >/dev/null 2>&1 || missing+=(nginx)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 if [ "${#missing[@]}" -gt 0 ] && [ "$job" = test ] && command -v apt-get >/dev/null 2>&1; then
@@ -26,9 +27,15 @@ python_bin="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   "$python_bin" -m venv .venv
 fi
-# Refresh the install every time so a changed pyproject.toml is picked up.
+# Refresh the install every time so a changed pyproject.toml is picked up; each job installs
+# only what it needs (the demo: the base package, pydantic and msgpack).
+case "$job" in
+  demo) spec="." ;;
+  serve) spec=".[web]" ;;
+  *) spec=".[dev]" ;;
+esac
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e "$spec"
 
 # The AI SDK drop-in is tested with the real `ai` package from npm (tests/test_ai_sdk_cluster.py):
 # install Node and npm when missing, then the client's pinned packages (package-lock.json).

@@ -452,14 +452,15 @@ def _logging_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None
 
 def _resolve_redis(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Turn `--redis-sentinel` / `--redis-service` into `args.redis` (exits on a bad mix)."""
-    from .backends.redis._connect import sentinel_url
-
     sentinels, service = getattr(args, "redis_sentinel", None), getattr(args, "redis_service", None)
     if sentinels is not None and args.redis is not None:
         parser.error("--redis and --redis-sentinel exclude each other")
     if (sentinels is None) != (service is None):
         parser.error("--redis-sentinel and --redis-service go together")
     if sentinels is not None and service is not None:
+        # Imported here: a command without Redis (the demo) needs no redis-py.
+        from .backends.redis._connect import sentinel_url
+
         args.redis = sentinel_url(sentinels, service)
     if getattr(args, "redis_required", False) and args.redis is None:
         parser.error("one of --redis and --redis-sentinel is required")

@@ -332,3 +332,17 @@ def test_dlq_needs_an_action_and_redis(capsys: pytest.CaptureFixture[str]) -> No
     assert main(["dlq", "list"]) == 2
     assert main(["dlq", "show", "--redis", "redis://h/0"]) == 2
     capsys.readouterr()
+
+
+#: What `scripts/run.sh demo` does not install: importing any of them fails in the demo below.
+OPTIONAL = ["redis", "ray", "fastapi", "uvicorn", "httpx", "prometheus_client", "opentelemetry"]
+
+
+@pytest.mark.timeout(90)
+def test_the_demo_runs_on_the_base_package_alone() -> None:
+    blocked = "; ".join(f"sys.modules[{name!r}] = None" for name in OPTIONAL)
+    code = f"import sys; {blocked}; from stickless.cli import main; sys.exit(main(['demo']))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=80, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "demo finished" in done.stdout

@@ -36,11 +36,15 @@ def test_cluster_yaml_is_a_valid_local_cluster(prepared: dict[str, Any]) -> None
     assert prepared["auth"]["ssh_user"]
 
 
-def test_every_node_installs_stickless_with_the_ray_and_redis_extras(
-    prepared: dict[str, Any],
-) -> None:
+def test_every_node_installs_stickless_from_the_mounted_clone(prepared: dict[str, Any]) -> None:
+    # The clone `ray up` runs in is copied to ~/stickless on every node (no package index has
+    # stickless), without the local virtualenv
+    assert prepared["file_mounts"] == {"~/stickless": "."}
+    assert "**/.venv" in prepared["rsync_exclude"]
     for commands in (prepared["head_setup_commands"], prepared["worker_setup_commands"]):
-        assert any("pip install" in c and "'stickless[ray,redis]'" in c for c in commands)
+        installs = [shlex.split(c) for c in commands if "pip install" in c]
+        assert installs, commands
+        assert installs[0][-1] == "$HOME/stickless[ray,redis]"
 
 
 def test_head_starts_redis_then_ray_then_deploys(prepared: dict[str, Any]) -> None:

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -72,3 +74,47 @@ def test_the_openai_agents_example_serves_over_http(tmp_path: Path) -> None:
     assert texts[0] == "(offline, message 1 of this session) You said: Hello, I am Ann."
     assert "sunny in Oslo" in texts[1]  # the weather tool ran
     assert texts[2] == "(offline, message 3 of this session) You said: Thanks!"
+
+
+def _uvicorn(tmp_path: Path, redis_url: str, node: str) -> tuple[subprocess.Popen[bytes], str]:
+    """examples/embedded_app.py under uvicorn as its docstring says; the process and its URL
+    once /readyz answers."""
+    port = free_port()
+    args = [sys.executable, "-m", "uvicorn", "examples.embedded_app:app", "--port", str(port)]
+    env = {"STICKLESS_REDIS_URL": redis_url, "STICKLESS_NODE_ID": node}
+    process = _spawn(args, tmp_path / f"{node}.log", env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and process.poll() is None:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return process, url
+        time.sleep(0.1)  # polling a process we do not control: no event to await
+    _stop(process, signal.SIGKILL)
+    raise AssertionError(f"{node} did not get ready; see {tmp_path / f'{node}.log'}")
+
+
+@pytest.mark.timeout(90)
+def test_the_embedded_app_example_serves_a_session_from_two_nodes(
+    tmp_path: Path, redis_url: str
+) -> None:
+    nodes = [_uvicorn(tmp_path, redis_url, f"embedded-{i}") for i in (1, 2)]
+    try:
+        (_, one), (_, two) = nodes
+        # The app's own route and stickless's, side by side
+        assert httpx.get(f"{one}/hello").json()["node"].startswith("embedded-1/")
+        accepted = httpx.post(f"{one}/v1/sessions/s1/turns",
+                              json={"agent_ref": "demo-agent", "input": "hello"})  # fmt: skip
+        assert accepted.status_code == 202, accepted.text
+        # The other node answers the turn from the shared Redis
+        view = httpx.get(two + accepted.headers["location"], params={"wait": 20}, timeout=30)
+        assert view.json()["state"] == "completed", view.text
+        assert view.json()["executed_by"].startswith("embedded-1/")
+    finally:
+        for process, _ in nodes:
+            _stop(process, signal.SIGTERM)
+    # Each stopped within the grace, with its lifespan closed without an error (uvicorn ends by
+    # raising the SIGTERM it caught again, once shut down; a hung one would be SIGKILLed)
+    assert [process.returncode for process, _ in nodes] == [-signal.SIGTERM] * 2
+    for node in ("embedded-1", "embedded-2"):
+        assert "Traceback" not in (tmp_path / f"{node}.log").read_text()

@@ -1,8 +1,12 @@
-"""Real `stickless serve` processes over one redis-server behind a real haproxy doing round
-robin with no stickiness, all on loopback; every process is stopped by its pid.
+"""Real `stickless serve` processes over one redis-server behind a real haproxy (or nginx)
+doing round robin with no stickiness, all on loopback; every process is stopped by its pid.
+
+The balancer runs the deployment guide's own file (deploy/haproxy.cfg, deploy/nginx.conf) with
+only its listen address and server lines replaced by the test's ports.
 
 `WebCluster` is synchronous (the HTTP tests drive it with blocking clients and a browser);
-`haproxy_executable()` fails under CI=true and skips otherwise when haproxy is missing.
+`haproxy_executable()` / `nginx_executable()` fail under CI=true and skip otherwise when the
+balancer is missing.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -51,15 +56,51 @@ def haproxy_executable() -> str:
     return _require("haproxy")
 
 
-def _spawn(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+def nginx_executable() -> str:
+    return _require("nginx")
+
+
+#: The deployment guide's balancer configs, as the README shows them.
+DEPLOY = REPO_ROOT / "deploy"
+#: The listen line and the server lines of a deploy config (haproxy `bind`, nginx `listen`;
+#: `server web-N 127.0.0.1:PORT ...` / `server 127.0.0.1:PORT ...`).
+_LISTEN = re.compile(r"(\s*(?:bind|listen) )127\.0\.0\.1:8000(;?)")
+_SERVER = re.compile(r"(\s*server (?:web-1 |web-\d+ )?)127\.0\.0\.1:800[1-9]( .*)?")
+
+
+def render_config(path: Path, port: int, nodes: list[WebNode]) -> str:
+    """The deploy config at `path`, listening on `port` with one server line per node (each
+    with the options of the file's first server line): everything else as the file says."""
+    lines: list[str] = []
+    listens = servers = 0
+    for line in path.read_text().splitlines():
+        listen, server = _LISTEN.fullmatch(line), _SERVER.fullmatch(line)
+        if listen is not None:
+            listens += 1
+            lines.append(f"{listen[1]}127.0.0.1:{port}{listen[2]}")
+        elif server is not None:
+            servers += 1
+            head, options = re.sub(r"web-\d+ ", "{name} ", server[1]), server[2] or ""
+            if servers == 1:
+                lines += [f"{head.format(name=n.name)}127.0.0.1:{n.port}{options}" for n in nodes]
+        else:
+            lines.append(line)
+    assert (listens, servers) == (1, 3), f"{path}: not the guide's layout (1 listen, 3 servers)"
+    return "\n".join(lines) + "\n"
+
+
+def _spawn(
+    args: list[str], log_path: Path, cwd: Path = REPO_ROOT, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
+        **(env or {}),
         "PYTHONPATH": os.pathsep.join(
             p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
         ),
     }
     with open(log_path, "ab") as log:
-        process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, env=env, cwd=REPO_ROOT)
+        process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, env=env, cwd=cwd)
     LIVE_PROCESSES[process.pid] = process
     return process
 
@@ -175,30 +216,7 @@ class Haproxy:
         return f"http://127.0.0.1:{self.port}"
 
     def config(self) -> str:
-        servers = "\n".join(
-            f"    server {n.name} 127.0.0.1:{n.port} check inter 300ms fall 1 rise 1"
-            for n in self.nodes
-        )
-        return f"""global
-    maxconn 512
-defaults
-    mode http
-    timeout connect 2s
-    timeout client 300s
-    timeout server 300s
-    timeout tunnel 300s
-    retries 3
-    option redispatch 1
-    option http-server-close
-    option http-no-delay
-frontend web
-    bind 127.0.0.1:{self.port}
-    default_backend nodes
-backend nodes
-    balance roundrobin
-    option httpchk GET /readyz
-{servers}
-"""
+        return render_config(DEPLOY / "haproxy.cfg", self.port, self.nodes)
 
     def start(self) -> None:
         self.config_path.write_text(self.config())
@@ -232,8 +250,35 @@ backend nodes
             _stop(self.process, signal.SIGTERM)
 
 
+class Nginx(Haproxy):
+    """nginx on loopback with deploy/nginx.conf: round robin, no stickiness, no active checks
+    (a request refused by a dead node is sent to the next one)."""
+
+    def __init__(self, nodes: list[WebNode], log_dir: Path) -> None:
+        super().__init__(nodes, log_dir)
+        self.config_path = log_dir / "nginx.conf"
+        self.log_path = log_dir / "nginx.log"
+        self.prefix = log_dir / "nginx"
+
+    def config(self) -> str:
+        return render_config(DEPLOY / "nginx.conf", self.port, self.nodes)
+
+    def start(self) -> None:
+        self.prefix.mkdir(exist_ok=True)
+        self.config_path.write_text(self.config())
+        # In the foreground, its pid file, error log and temporary files under the test's own
+        # directory (the master stops its workers when stopped by its pid).
+        direct = f"daemon off; pid {self.prefix}/nginx.pid; error_log {self.log_path};"
+        args = [nginx_executable(), "-p", str(self.prefix), "-c", str(self.config_path),
+                "-g", direct]  # fmt: skip
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(args, stdout=log, stderr=log, cwd=REPO_ROOT)
+        LIVE_PROCESSES[self.process.pid] = self.process
+        self.wait_serving(len(self.nodes))
+
+
 class WebCluster:
-    """`nodes` serve processes over `redis_url` behind haproxy."""
+    """`nodes` serve processes over `redis_url` behind haproxy (or `balancer=Nginx`)."""
 
     def __init__(
         self,
@@ -242,6 +287,7 @@ class WebCluster:
         nodes: int = 3,
         tokens: dict[str, str] | None = None,
         opener: str | None = None,
+        balancer: type[Haproxy] = Haproxy,
     ) -> None:
         token_file = None
         if tokens is not None:
@@ -252,7 +298,7 @@ class WebCluster:
             WebNode(i, redis_url, namespace, log_dir, token_file, opener=opener)
             for i in range(nodes)
         ]
-        self.balancer = Haproxy(self.nodes, log_dir)
+        self.balancer = balancer(self.nodes, log_dir)
         self.log_dir = log_dir
 
     @property

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
+import sys
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -89,16 +91,31 @@ def error_from_wire(raw: Mapping[str, Any]) -> Exception:
 
 
 def load_opener(path: str) -> LiveSessionOpener:
-    """Import `package.module:attribute`: an opener, or a zero-argument factory of one.
+    """Import `package.module:attribute`: an opener, or a zero-argument factory of one. The
+    current directory is searched first (as `python -m` and uvicorn do), so a module beside
+    the command needs no PYTHONPATH.
 
     Raises:
-        ValueError: the path is malformed or names something that is not an opener.
+        ValueError: the path is malformed, its module is not found, or it names something
+            that is not an opener (the message says which).
     """
     module_name, sep, attribute = path.partition(":")
     if not sep or not module_name or not attribute:
         raise ValueError(f"opener must look like 'package.module:attribute', got {path!r}")
-    target: Any = importlib.import_module(module_name)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not f"{module_name}.".startswith(f"{exc.name}."):
+            raise  # the opener's module was found, and itself imports a missing one
+        raise ValueError(
+            f"opener {path!r}: no module named {exc.name!r} in the current directory "
+            f"({os.getcwd()}) or the installed packages"
+        ) from None
     for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ValueError(f"opener {path!r}: {module_name} has no attribute {attribute!r}")
         target = getattr(target, part)
     if not hasattr(target, "open") and callable(target):
         target = target()

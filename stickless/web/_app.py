@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..router import SessionRouter
 from ._ai_sdk import AISdkSettings, ai_sdk_router
 from ._auth import Authenticator, Authorizer
+from ._docs import mount_docs
 from ._errors import error_body
 from ._routes import Gateway, GatewaySettings, api_router
 
@@ -137,7 +138,10 @@ def create_app(
             if manage_router:
                 await router.aclose(grace=close_grace)
 
-    app = FastAPI(title="stickless", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(
+        title="stickless", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None
+    )
+    mount_docs(app)
     app.state.gateway = gateway
     app.add_middleware(NodeIdHeader, router=router)
     app.include_router(api_router(gateway))

@@ -112,12 +112,18 @@ async def serve(options: ServeOptions) -> int:
     get `grace` seconds, running turns end, the lease and handles are released.
 
     Prints `READY <port> <node id>` on stdout once the node takes requests.
+
+    Raises:
+        SetupError: the opener, the tokens file or the router's config is unusable.
     """
     authenticator: Authenticator | None = None
-    if options.tokens is not None:
-        authenticator = BearerTokens.from_file(options.tokens)
     metrics = prometheus_exporter()
-    router, backends = build_router(options, metrics)
+    try:
+        if options.tokens is not None:
+            authenticator = BearerTokens.from_file(options.tokens)
+        router, backends = build_router(options, metrics)
+    except (ValueError, OSError) as exc:
+        raise SetupError(str(exc)) from exc
     app = create_app(
         router,
         authenticator=authenticator,
@@ -164,11 +170,20 @@ class _AnnouncingServer(uvicorn.Server):
             print(f"READY {port} {self._node_id}", flush=True)
 
 
+class SetupError(Exception):
+    """The node cannot be set up as asked (an opener not found, a bad tokens file, ...)."""
+
+
 def main_serve(options: ServeOptions) -> int:
-    """Entry point of `stickless serve` (logging is configured by the CLI)."""
+    """Entry point of `stickless serve` (logging is configured by the CLI): a bad option is a
+    one-line message and exit code 2, not a traceback."""
     try:
         check_exposure(options)
     except ValueError as exc:
         print(f"stickless serve: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(serve(options))
+    try:
+        return asyncio.run(serve(options))
+    except SetupError as exc:
+        print(f"stickless serve: {exc}", file=sys.stderr)
+        return 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -321,3 +322,31 @@ async def test_the_api_router_mounted_in_another_app_maps_errors_the_same(
         _error(await client.post("/v1/sessions/s1/turns", json={}), 400, "INVALID_REQUEST")
         accepted = await client.post("/v1/sessions/s1/turns", json=turn("x"))
         assert accepted.status_code == 202
+
+
+async def test_the_python_client_surfaces_a_gap_then_reads_on(make_app: Any) -> None:
+    from stickless.client import AsyncClient, Gap, StreamEvent
+
+    small: Served = await make_app(max_len=4)
+    client = AsyncClient("http://gateway", http=small.client)
+    first = [i async for i in client.submit_stream("s1", "one", agent_ref=AGENT)]
+    middle = await client.submit("s1", "two three four five six", agent_ref=AGENT)
+    await client.result("s1", middle.turn_id, timeout=10)
+    second = await client.submit("s1", "seven eight nine ten", agent_ref=AGENT)
+    await client.result("s1", second.turn_id, timeout=10)
+    assert isinstance(first[0], StreamEvent) and first[0].id is not None
+    resumed = [i async for i in client.stream_turn("s1", second.turn_id, after=first[0].id)]
+    assert resumed[0] == Gap(cursor=first[0].id, oldest_id=None)
+    assert isinstance(resumed[-1], StreamEvent) and resumed[-1].type == "turn_completed"
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+async def test_the_docs_pages_load_nothing_from_another_site(served: Served, page: str) -> None:
+    html = (await served.client.get(page)).text
+    assert "://" not in html and "'//" not in html and '"//' not in html, html
+    # Every script, style and icon it loads, and the schema, come from the node itself
+    loaded = re.findall(r"""(?:src|href)=["']([^"']+)["']|url: ?["']([^"']+)["']""", html)
+    paths = {a or b for a, b in loaded} | {"/openapi.json"}
+    assert any(p.endswith(".js") for p in paths), paths
+    for path in paths:
+        assert (await served.client.get(path)).status_code == 200, path

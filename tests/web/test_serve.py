@@ -4,7 +4,9 @@ a graceful SIGTERM, as real processes on loopback."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 
 from stickless.cli import main
 from stickless.local_services import free_port
-from tests.web_cluster import _ready_line, _spawn, _stop
+from tests.web_cluster import REPO_ROOT, _ready_line, _spawn, _stop
 
 from .conftest import turn
 
@@ -61,3 +63,41 @@ def test_tokens_guard_every_api_route(tmp_path: Path) -> None:
         assert ok.status_code == 202
     finally:
         _stop(process)  # type: ignore[arg-type]
+
+
+#: Starts the CLI the way the installed `stickless` script does: its own directory, not the
+#: current one, is first on sys.path.
+LAUNCHER = "import sys\nfrom stickless.cli import main\nsys.exit(main())\n"
+APP = "from stickless.demo.opener import make_opener\n"
+
+
+def test_an_opener_beside_the_command_is_found_without_pythonpath(tmp_path: Path) -> None:
+    bin_dir, app_dir = tmp_path / "bin", tmp_path / "app"
+    bin_dir.mkdir()
+    app_dir.mkdir()
+    (bin_dir / "stickless_cli.py").write_text(LAUNCHER)
+    (app_dir / "myagents.py").write_text(APP)
+    port = free_port()
+    log = tmp_path / "serve.log"
+    args = [sys.executable, str(bin_dir / "stickless_cli.py"), "serve", "--port", str(port),
+            "--opener", "myagents:make_opener"]  # fmt: skip
+    process = _spawn(args, log, cwd=app_dir)
+    try:
+        _ready_line(process, "stickless serve", log)
+        accepted = httpx.post(f"http://127.0.0.1:{port}/v1/sessions/s1/turns", json=turn("hi"))
+        assert accepted.status_code == 202, accepted.text
+    finally:
+        _stop(process)
+
+
+def test_a_missing_opener_module_is_one_clear_line(tmp_path: Path) -> None:
+    (tmp_path / "stickless_cli.py").write_text(LAUNCHER)
+    args = [sys.executable, str(tmp_path / "stickless_cli.py"), "serve", "--port", "0",
+            "--opener", "nosuchapp.agents:make_opener"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False,
+                          cwd=tmp_path, env=env)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "stickless serve: opener 'nosuchapp.agents:make_opener': no module named " \
+           "'nosuchapp' in the current directory" in done.stderr  # fmt: skip
