@@ -1,5 +1,5 @@
-"""The chat page's files: `/` (the page) and `/static/<name>` (the JavaScript client, its types,
-and the page's markdown renderer), read once from the package."""
+"""The chat page's files: `/` (the page) and `/static/<name>` (the page's script, the JavaScript
+client, its types and the page's markdown renderer), read once from the package."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ STATIC_FILES = {
     "stickless.js": "text/javascript; charset=utf-8",
     "stickless.d.ts": "application/typescript; charset=utf-8",
     "markdown.js": "text/javascript; charset=utf-8",
+    "chat.js": "text/javascript; charset=utf-8",
 }
 
 

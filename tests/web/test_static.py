@@ -30,12 +30,14 @@ async def test_served_client_is_its_source(make_app: Callable[..., Any], name: s
 async def test_page_files_and_nothing_else(make_app: Callable[..., Any]) -> None:
     served = await make_app()
     page = (await served.client.get("/")).text
+    assert '<script type="module" src="/static/chat.js">' in page
+    script = (await served.client.get("/static/chat.js")).text
     for name in STATIC_FILES:
         answer = await served.client.get(f"/static/{name}")
         assert answer.status_code == 200, name
-    # The page loads the client and the renderer it is served with.
-    assert 'from "/static/stickless.js"' in page and 'from "/static/markdown.js"' in page
-    for name in ("index.html", "../_app.py", "nope.js"):
+    # The page's script loads the client and the renderer it is served with.
+    assert 'from "/static/stickless.js"' in script and 'from "/static/markdown.js"' in script
+    for name in ("index.html", "_static.py", "nope.js"):
         answer = await served.client.get(f"/static/{name}")
         assert answer.status_code == 404, name
         assert answer.json()["error"]["code"] == "NOT_FOUND"
