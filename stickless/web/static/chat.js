@@ -44,7 +44,8 @@ const client = new Client({
   },
 });
 
-// Inputs this tab sent, by turn id: a reload shows them before the transcript has them.
+// Inputs this tab sent, by turn id: a reload shows them (and their turns) before, or without,
+// the transcript having them.
 const sent = JSON.parse(sessionStorage.getItem(SENT_KEY) || "{}");
 function remember(turnId, message) {
   sent[turnId] = message;
@@ -340,6 +341,9 @@ async function open() {
   setStatus("");
   const exists = await syncTranscript();
   if (!exists) return;  // a new session: followed from its first submit
+  // This tab's turns that are not history (running, queued, or ended uncommitted): shown again
+  // from the event log.
+  for (const turnId of Object.keys(sent)) adopt(turnId);
   try {
     const status = await client.status(sessionId);
     if (status.active_turn_id) adopt(status.active_turn_id);
