@@ -58,3 +58,10 @@ def test_node(script: str, redis_server: RedisServer, tmp_path: Path) -> None:
     # Every test ran: a skip (a missing service) is not a pass here.
     for count in ("fail 0", "cancelled 0", "skipped 0"):
         assert re.search(rf"\b{count}\b", report), report
+
+
+def test_readme_shows_the_client_example() -> None:
+    """The README's JavaScript snippet is clients/js/example.mjs, which the client tests run."""
+    example = (REPO_ROOT / "clients/js/example.mjs").read_text("utf-8")
+    readme = (REPO_ROOT / "README.md").read_text("utf-8")
+    assert f"```js\n{example}```" in readme

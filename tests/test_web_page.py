@@ -52,8 +52,9 @@ def _options(driver: WebDriver, options: str) -> None:
 def _turn(driver: WebDriver, turn_id: str) -> object:
     """The element of `turn_id`, once the page shows it."""
     return WebDriverWait(driver, WAIT, poll_frequency=POLL).until(
-        lambda d: next(iter(d.find_elements(By.CSS_SELECTOR, f'.turn[data-turn-id="{turn_id}"]')),
-                       False)
+        lambda d: next(
+            iter(d.find_elements(By.CSS_SELECTOR, f'.turn[data-turn-id="{turn_id}"]')), False
+        )
     )
 
 
@@ -74,8 +75,7 @@ def test_session_in_url_history_and_reload_mid_stream(driver: WebDriver, web: We
     # Every word once, in order: the replayed start and the live rest met without a gap.
     assert _text(rejoined).split() == STORY.split()
     assert _turns(driver) == [
-        (first_id, "hello",
-         "you said 'hello'; this handle has now run 1 turn(s)"),
+        (first_id, "hello", "you said 'hello'; this handle has now run 1 turn(s)"),
         (story_id, "a story", STORY),
     ]
 
@@ -102,7 +102,7 @@ def test_second_tab_follows_live(driver: WebDriver, web: WebCluster) -> None:
         three = _send(driver, "three")
         assert _wait_end(driver, three) == "completed"
         three_id = three.get_attribute("data-turn-id") or ""
-        second_tab = [h for h in driver.window_handles if h != first_tab][0]
+        second_tab = next(h for h in driver.window_handles if h != first_tab)
         driver.switch_to.window(second_tab)
         followed = _turn(driver, three_id)
         assert _wait_end(driver, followed) == "completed"  # type: ignore[arg-type]
@@ -175,7 +175,7 @@ def test_holder_killed_mid_stream_then_reload(driver: WebDriver, web: WebCluster
         assert _wait_end(driver, again) == state  # type: ignore[arg-type]
         # What the page shows is the log's: no word twice, none out of order.
         shown = _text(again).split()  # type: ignore[arg-type]
-        assert shown == STORY.split()[: len(shown)] and len(shown) >= len(words) - 0
+        assert shown == STORY.split()[: len(shown)] and len(shown) >= len(words)
         _options(driver, "")
         after = _send(driver, "after")
         assert _wait_end(driver, after) == "completed"
@@ -191,7 +191,9 @@ def token_web(
     """One serve node with bearer tokens, behind haproxy."""
     redis_server.start()
     with WebCluster(
-        redis_server.url, tmp_path_factory.mktemp("web-tokens"), nodes=1,
+        redis_server.url,
+        tmp_path_factory.mktemp("web-tokens"),
+        nodes=1,
         tokens={"page-token": "alice"},
     ) as cluster:
         yield cluster

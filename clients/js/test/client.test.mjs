@@ -3,6 +3,7 @@ import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 
 import { Client, SticklessError, compareEventIds, randomId } from "../stickless.js";
+import { ask } from "../example.mjs";
 import { Node, missing, tokensFile } from "./harness.mjs";
 
 const TOKEN = "js-test-token";
@@ -191,6 +192,14 @@ describe("stickless.js against stickless serve", { skip: why || false }, () => {
     });
     assert.equal(items.at(-1).type, "interrupted");
     assert.equal(items.at(-1).reason, "enough");
+  });
+
+  test("the README's example", async () => {
+    const sid = session();
+    const answer = await ask(a.url, TOKEN, sid, "hi");
+    assert.deepEqual(answer.text, "you said 'hi'; this handle has now run 1 turn(s)");
+    assert.equal(answer.history, 2);
+    assert.equal((await client.turn(sid, answer.turnId)).state, "completed");
   });
 
   test("errors: no token is a 401, a bad priority a 400 naming the field", async () => {
