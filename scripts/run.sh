@@ -10,8 +10,8 @@ job="${1:-test}"
 shift || true
 
 # The tests start their own redis-server (also with TLS: openssl makes its certificates), haproxy,
-# nginx and headless Chromium (Debian's chromium and chromium-driver); install what is missing (CI runs
-# as root).
+# nginx, headless Chromium (Debian's chromium and chromium-driver) and Node (the JavaScript
+# client's tests); install what is missing (CI runs as root).
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
@@ -19,6 +19,7 @@ command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null 2>&1 || missing+=(nginx)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
 if [ "${#missing[@]}" -gt 0 ] && [ "$job" = test ] && command -v apt-get >/dev/null 2>&1; then
   apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
 fi

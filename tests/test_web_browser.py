@@ -70,11 +70,17 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
         browser.quit()
 
 
-def _open(driver: WebDriver, web: WebCluster, options: dict[str, Any] | None = None) -> str:
-    """Load the chat page through the balancer; its session id."""
-    url = f"{web.url}/"
-    if options is not None:
-        url += "?options=" + quote(json.dumps(options))
+def _open(
+    driver: WebDriver,
+    web: WebCluster,
+    options: dict[str, Any] | None = None,
+    session: str | None = None,
+) -> str:
+    """Load the chat page through the balancer (on `session`, else a new one); its session id."""
+    query = {"options": json.dumps(options)} if options is not None else {}
+    if session is not None:
+        query["session"] = session
+    url = f"{web.url}/?" + "&".join(f"{k}={quote(v)}" for k, v in query.items())
     driver.get(url)
     session = WebDriverWait(driver, WAIT).until(
         lambda d: d.find_element(By.ID, "session").text.strip() or False
@@ -148,7 +154,9 @@ def _nodes(web: WebCluster) -> set[str]:
 
 
 def _meta(turn: WebElement, name: str) -> str:
-    return turn.find_element(By.CSS_SELECTOR, f".{name}").text.strip()
+    # textContent: the ids sit in a closed <details>, which .text does not read.
+    found = turn.find_element(By.CSS_SELECTOR, f".{name}").get_attribute("textContent")
+    return (found or "").strip()
 
 
 def _shot(driver: WebDriver, path: Path) -> None:

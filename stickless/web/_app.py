@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, FastAPI
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -19,6 +18,7 @@ from ._auth import Authenticator, Authorizer
 from ._docs import mount_docs
 from ._errors import error_body
 from ._routes import Gateway, GatewaySettings, api_router
+from ._static import chat_page_router
 
 if TYPE_CHECKING:
     from ..metrics import PrometheusMetrics
@@ -100,10 +100,6 @@ def metrics_router(metrics: PrometheusMetrics) -> APIRouter:
     return scrape
 
 
-def _page() -> str:
-    return resources.files(__package__).joinpath("static/index.html").read_text("utf-8")
-
-
 def create_app(
     router: SessionRouter,
     *,
@@ -117,9 +113,9 @@ def create_app(
     ai_sdk: AISdkSettings | None = DEFAULT_AI_SDK,
 ) -> FastAPI:
     """The gateway over `router`: the `/v1` API (every answer names its node in `X-Node-Id`),
-    `/healthz`, `/readyz`, OpenAPI at `/docs`, the chat page at `/` and, given the router's
-    `metrics` exporter, `/metrics`; the AI SDK's chat routes under `ai_sdk.prefix` (None: not
-    mounted).
+    `/healthz`, `/readyz`, OpenAPI at `/docs`, the chat page at `/` (its files under
+    `/static/`) and, given the router's `metrics` exporter, `/metrics`; the AI SDK's chat routes
+    under `ai_sdk.prefix` (None: not mounted).
 
     Without an `authenticator` every request is the anonymous principal and every session is
     visible; with one, a session is visible only as the `authorizer` (default: its creator
@@ -151,10 +147,5 @@ def create_app(
     if metrics is not None:
         app.include_router(metrics_router(metrics))
     if chat_page:
-        page = _page()
-
-        @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-        async def chat() -> HTMLResponse:
-            return HTMLResponse(page, headers={"Cache-Control": "no-store"})
-
+        app.include_router(chat_page_router())
     return app
