@@ -274,8 +274,10 @@ def local_ray_cluster(
     """Start `nodes` Ray nodes on 127.0.0.1 (one head; 1 CPU each) and connect the driver.
 
     Worker processes get this `stickless` (and `python_path`) on their PYTHONPATH, so actors
-    can import openers by path. On exit the driver disconnects and Ray stops every node
-    process by its pid; PYTHONPATH is restored.
+    can import openers by path. Ray's files, its "current cluster" pointer included, go to a
+    private temporary directory (`RAY_TMPDIR`), so another Ray on the machine is left alone.
+    On exit the driver disconnects and Ray stops every node process by its pid; PYTHONPATH
+    and RAY_TMPDIR are restored and the directory removed.
 
     Raises:
         ServiceError: Ray is already initialized in this process.
@@ -291,9 +293,14 @@ def local_ray_cluster(
         ray_constants.ENABLE_RAY_CLUSTER = False
     if ray.is_initialized():
         raise ServiceError("Ray is already initialized in this process")
-    previous = os.environ.get("PYTHONPATH")
-    paths = [package_root(), *python_path, *(previous.split(os.pathsep) if previous else [])]
+    previous = {name: os.environ.get(name) for name in ("PYTHONPATH", "RAY_TMPDIR")}
+    paths = [package_root(), *python_path, *(os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
+    # Ray's session files and its "current cluster" pointer go to a directory of this cluster's
+    # own, so another user's Ray on the machine (and its /tmp/ray/ray_current_cluster) is left
+    # alone. A short path: Ray's Unix sockets live under it.
+    private = tempfile.mkdtemp(prefix="slray-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    os.environ["RAY_TMPDIR"] = private
     try:
         cluster = Cluster(
             initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": LOOPBACK}
@@ -310,10 +317,12 @@ def local_ray_cluster(
             ray.shutdown()
             cluster.shutdown()
     finally:
-        if previous is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        shutil.rmtree(private, ignore_errors=True)
 
 
 __all__ = [

@@ -152,3 +152,15 @@ def test_killing_the_holder_router_answers_holder_lost_fast(deployed: Any) -> No
     error = asyncio.run(asyncio.wait_for(answer(), 30))
     assert isinstance(error, TurnFailedError)
     assert error.code is FailureCode.HOLDER_LOST
+
+
+def test_the_local_cluster_leaves_the_machines_ray_pointer_alone(ray_cluster: Any) -> None:  # noqa: F811
+    # Ray's "current cluster" pointer names this cluster only in the cluster's own directory;
+    # the machine-wide one (where `ray start` and a bare `ray.init()` look) never does.
+    import os
+    from pathlib import Path
+
+    own = Path(os.environ["RAY_TMPDIR"], "ray", "ray_current_cluster")
+    assert ray_cluster.address in own.read_text()
+    machine = Path("/tmp/ray/ray_current_cluster")
+    assert not machine.exists() or ray_cluster.address not in machine.read_text()
