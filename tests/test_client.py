@@ -72,7 +72,7 @@ def test_the_sync_client_speaks_every_route(server: str) -> None:
         assert first.origin == "new" and first.node_id and first.idempotency_key
         assert alice.result("s1", first.turn_id, timeout=20).text.startswith("you said 'hello'")
         # A submit streamed to its end, every frame once, with the turn's own answer at the end
-        stream = alice.submit_stream("s1", "tell me more", agent_ref=AGENT,
+        stream = alice.stream("s1", "tell me more", agent_ref=AGENT,
                                      idempotency_key="msg-2", priority="NEXT")  # fmt: skip
         items = list(stream)
         assert stream.turn_id and stream.origin == "new"
@@ -84,12 +84,12 @@ def test_the_sync_client_speaks_every_route(server: str) -> None:
         again = alice.attach("s1", "msg-2", "tell me more", agent_ref=AGENT)
         assert (again.turn_id, again.origin) == (stream.turn_id, "cached")
         # A finished turn replays from a cursor, skipping what was already given
-        replay = list(alice.stream_turn("s1", stream.turn_id, after=items[2].id))
+        replay = list(alice.follow_turn("s1", stream.turn_id, after=items[2].id))
         assert [i.id for i in replay] == [i.id for i in items[3:]]
         # History, status
-        history = alice.history("s1")
+        history = alice.transcript("s1")
         assert [e["role"] for e in history] == ["user", "assistant"] * 2
-        assert [e["content"] for e in alice.history("s1", after=2)] == [
+        assert [e["content"] for e in alice.transcript("s1", after=2)] == [
             "tell me more", answer.text
         ]
         assert alice.status("s1")["session_id"] == "s1"
@@ -102,9 +102,9 @@ def test_the_sync_client_speaks_every_route(server: str) -> None:
         with pytest.raises(ConflictingAgentError):
             alice.submit("s1", "x", agent_ref="another-agent")
         with pytest.raises(InvalidRequestError, match="after"):
-            list(alice.stream_turn("s1", stream.turn_id, after="not-an-id"))
+            list(alice.follow_turn("s1", stream.turn_id, after="not-an-id"))
         # Interrupt a slow turn while its stream is read; the stream ends interrupted
-        slow = alice.submit_stream("s1", "a story", agent_ref=AGENT, submit_options=STORY)
+        slow = alice.stream("s1", "a story", agent_ref=AGENT, submit_options=STORY)
         got = list(itertools.takewhile(lambda i: i.type != "text_delta", slow))  # type: ignore[union-attr]
         assert slow.turn_id is not None and got[0].type == "turn_started"  # type: ignore[union-attr]
         assert alice.interrupt("s1", turn_id=slow.turn_id)
@@ -116,24 +116,24 @@ def test_the_sync_client_speaks_every_route(server: str) -> None:
         assert interrupted.value.code == "INTERRUPTED"
         # Bearer tokens: another principal does not see the session, no token is refused
         with Client(server, token="tok-bob") as bob, pytest.raises(UnknownSessionError):
-            bob.history("s1")
+            bob.transcript("s1")
         with Client(server) as nobody, pytest.raises(UnauthenticatedError):
             nobody.status("s1")
         # Release, then delete: the session is gone with its owner stamp
         alice.release("s1")
-        assert len(alice.history("s1")) == 4
-        alice.delete("s1")
+        assert len(alice.transcript("s1")) == 4
+        alice.delete_session("s1")
         with pytest.raises(UnknownSessionError):
-            alice.history("s1")
+            alice.transcript("s1")
 
 
 async def test_the_async_client_follows_a_session_and_waits_for_results(server: str) -> None:
     async with AsyncClient(server, token="tok-alice") as client:
         # Given a first turn streamed through the async client to its end
-        first = [item async for item in client.submit_stream("s2", "pong", agent_ref=AGENT)]
+        first = [item async for item in client.stream("s2", "pong", agent_ref=AGENT)]
         assert isinstance(first[-1], StreamEvent) and first[-1].type == "turn_completed"
         # When the session is followed past that turn's last frame, and a second turn is sent
-        session = client.stream_session("s2", after=first[-1].id)
+        session = client.follow_session("s2", after=first[-1].id)
         accepted = await client.submit("s2", "ping", agent_ref=AGENT)
         seen: list[StreamEvent | Gap] = []
         async for item in session:
@@ -149,10 +149,10 @@ async def test_the_async_client_follows_a_session_and_waits_for_results(server: 
         assert texts(seen) == result.text + " "
         view = await client.turn("s2", accepted.turn_id, wait=20)
         assert view.finished and view.output().text.startswith("you said 'ping'")
-        assert next(e["content"] for e in await client.history("s2", after=2)) == "ping"
+        assert next(e["content"] for e in await client.transcript("s2", after=2)) == "ping"
         assert await client.interrupt("s2") is False  # nothing runs
         await client.release("s2")
-        await client.delete("s2")
+        await client.delete_session("s2")
         with pytest.raises(UnknownSessionError):
             await client.status("s2")
 
@@ -168,7 +168,7 @@ def test_a_stream_resumes_without_loss_or_duplicates_after_its_node_dies(
         sid = f"s-{uuid.uuid4().hex[:12]}"
         holder = warm_up(cluster, sid)
         serving = steer_away_from(cluster, holder)
-        stream = client.submit_stream(sid, "tell me a story", agent_ref=AGENT,
+        stream = client.stream(sid, "tell me a story", agent_ref=AGENT,
                                       submit_options=STORY)  # fmt: skip
         items: list[StreamEvent | Gap] = []
         for item in stream:

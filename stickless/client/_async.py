@@ -29,7 +29,7 @@ from ._core import (
     error_of,
     gave_up,
     header_seconds,
-    history_call,
+    transcript_call,
     interrupt_call,
     new_key,
     retry_after,
@@ -251,7 +251,7 @@ class AsyncClient:
             session_id, input, agent_ref=agent_ref, idempotency_key=idempotency_key
         )
 
-    def submit_stream(
+    def stream(
         self,
         session_id: str,
         input: str | list[dict[str, Any]],
@@ -271,13 +271,13 @@ class AsyncClient:
         )  # fmt: skip
         return AsyncEventStream(self, StreamState(session_id), call)
 
-    def stream_turn(
+    def follow_turn(
         self, session_id: str, turn_id: str, *, after: str | None = None
     ) -> AsyncEventStream:
         """The turn's events from its first (or past the event id `after`) to its end."""
         return AsyncEventStream(self, StreamState(session_id, turn_id, last_id=after))
 
-    def stream_session(self, session_id: str, *, after: str | None = None) -> AsyncEventStream:
+    def follow_session(self, session_id: str, *, after: str | None = None) -> AsyncEventStream:
         """Every turn's events of the session, live (after replaying past `after`, if given)."""
         return AsyncEventStream(self, StreamState(session_id, last_id=after, of_turn=False))
 
@@ -318,9 +318,9 @@ class AsyncClient:
 
     # ------------------------------------------------------------ sessions
 
-    async def history(self, session_id: str, *, after: int = 0) -> list[dict[str, Any]]:
+    async def transcript(self, session_id: str, *, after: int = 0) -> list[dict[str, Any]]:
         """The committed transcript (past version `after`): `{"role", "content", "data"}`."""
-        entries: list[dict[str, Any]] = (await self._send(history_call(session_id, after))).json()[
+        entries: list[dict[str, Any]] = (await self._send(transcript_call(session_id, after))).json()[
             "entries"
         ]
         return entries
@@ -334,6 +334,6 @@ class AsyncClient:
         """Drop the session's live handle and lease (its history stays)."""
         await self._send(Call("POST", session_path(session_id, "release")))
 
-    async def delete(self, session_id: str) -> None:
+    async def delete_session(self, session_id: str) -> None:
         """Delete the session's history."""
         await self._send(Call("DELETE", session_path(session_id)))

@@ -267,7 +267,7 @@ def interrupt_call(session_id: str, turn_id: str | None, reason: str) -> Call:
                 repeatable=turn_id is not None)  # fmt: skip
 
 
-def history_call(session_id: str, after: int) -> Call:
+def transcript_call(session_id: str, after: int) -> Call:
     return Call("GET", session_path(session_id, "transcript"), params={"after": after})
 
 

@@ -27,7 +27,7 @@ from ._core import (
     error_of,
     gave_up,
     header_seconds,
-    history_call,
+    transcript_call,
     interrupt_call,
     new_key,
     retry_after,
@@ -243,7 +243,7 @@ class Client:
         or its turn failed in a way a retry may fix)."""
         return self.submit(session_id, input, agent_ref=agent_ref, idempotency_key=idempotency_key)
 
-    def submit_stream(
+    def stream(
         self,
         session_id: str,
         input: str | list[dict[str, Any]],
@@ -263,13 +263,13 @@ class Client:
         )  # fmt: skip
         return EventStream(self, StreamState(session_id), call)
 
-    def stream_turn(
+    def follow_turn(
         self, session_id: str, turn_id: str, *, after: str | None = None
     ) -> EventStream:
         """The turn's events from its first (or past the event id `after`) to its end."""
         return EventStream(self, StreamState(session_id, turn_id, last_id=after))
 
-    def stream_session(self, session_id: str, *, after: str | None = None) -> EventStream:
+    def follow_session(self, session_id: str, *, after: str | None = None) -> EventStream:
         """Every turn's events of the session, live (after replaying past `after`, if given)."""
         return EventStream(self, StreamState(session_id, last_id=after, of_turn=False))
 
@@ -308,9 +308,9 @@ class Client:
 
     # ------------------------------------------------------------ sessions
 
-    def history(self, session_id: str, *, after: int = 0) -> list[dict[str, Any]]:
+    def transcript(self, session_id: str, *, after: int = 0) -> list[dict[str, Any]]:
         """The committed transcript (past version `after`): `{"role", "content", "data"}`."""
-        entries: list[dict[str, Any]] = self._send(history_call(session_id, after)).json()[
+        entries: list[dict[str, Any]] = self._send(transcript_call(session_id, after)).json()[
             "entries"
         ]
         return entries
@@ -324,6 +324,6 @@ class Client:
         """Drop the session's live handle and lease (its history stays)."""
         self._send(Call("POST", session_path(session_id, "release")))
 
-    def delete(self, session_id: str) -> None:
+    def delete_session(self, session_id: str) -> None:
         """Delete the session's history."""
         self._send(Call("DELETE", session_path(session_id)))

@@ -329,13 +329,13 @@ async def test_the_python_client_surfaces_a_gap_then_reads_on(make_app: Any) -> 
 
     small: Served = await make_app(max_len=4)
     client = AsyncClient("http://gateway", http=small.client)
-    first = [i async for i in client.submit_stream("s1", "one", agent_ref=AGENT)]
+    first = [i async for i in client.stream("s1", "one", agent_ref=AGENT)]
     middle = await client.submit("s1", "two three four five six", agent_ref=AGENT)
     await client.result("s1", middle.turn_id, timeout=10)
     second = await client.submit("s1", "seven eight nine ten", agent_ref=AGENT)
     await client.result("s1", second.turn_id, timeout=10)
     assert isinstance(first[0], StreamEvent) and first[0].id is not None
-    resumed = [i async for i in client.stream_turn("s1", second.turn_id, after=first[0].id)]
+    resumed = [i async for i in client.follow_turn("s1", second.turn_id, after=first[0].id)]
     assert resumed[0] == Gap(cursor=first[0].id, oldest_id=None)
     assert isinstance(resumed[-1], StreamEvent) and resumed[-1].type == "turn_completed"
 
