@@ -120,11 +120,11 @@ def serve_within(config: RouterConfig) -> float:
 
 #: The liveness bound of the storm's node processes.
 SERVE_WITHIN = serve_within(RouterConfig(**{**FAST_CONFIG, "forward_ttl": FORWARD_TTL}))
-#: The command-path stall wave: at this submit (between the store restart and the second kill
-#: wave), the command pool of the node holding the most sessions stalls for well past the
-#: liveness bound, so a node that kept its sessions through it would leave them unserved past
-#: the bound.
-COMMAND_STALL = (130, SERVE_WITHIN + 2 * LEASE_TTL)
+#: The command-path stall wave: at this submit (past the store restart's wave, whose steps have
+#: all begun by then), the command pool of the node holding the most sessions stalls for well
+#: past the liveness bound, and each of its sessions gets a caller on another node: a node that
+#: kept its sessions through the stall would leave those callers unserved past the bound.
+COMMAND_STALL = (160, SERVE_WITHIN + 2 * LEASE_TTL)
 
 
 async def fault_storm(
@@ -197,6 +197,7 @@ async def fault_storm(
         print(f"allowed overlap {overlap}")
     spans = sorted(unserved_spans(history), key=lambda span: span.seconds)
     print(f"longest unserved spans (bound {SERVE_WITHIN:.1f}s): {[str(s) for s in spans[-3:]]}")
+    print(f"command-path stall wave: {stall_wave(driver, history)}")
     for hit in checker.known_bug:
         print(f"known bug {hit.splitlines()[0]}")
     print(f"fault storm and checks took {time.monotonic() - started:.1f}s")
@@ -212,6 +213,20 @@ async def fault_storm(
     assert not checker.violations, f"seed {seed}:\n{checker.report()}"
     assert errors == [], errors
     assert sum(fired.values()) >= 10, fired
+    # (a stall wave that fired aimed callers at the stalled node's sessions: the liveness
+    # invariant had something to hold)
+    assert not fired["command_stall"] or driver.aimed, "the stall wave aimed no caller"
+
+
+def stall_wave(driver: FaultDriver, history: History) -> str:
+    """The stalled node, and how long each caller the wave aimed at its sessions waited."""
+    stalled = [a.node for a in driver.armed if a.kind == "command_stall" and a.fired]
+    waited = [
+        f"{call.session_id} via {call.node_id} {call.done - call.sent:.2f}s "
+        f"{call.kind or type(call.refused).__name__}"
+        for call in driver.aimed
+    ]
+    return f"stalled {stalled or 'nothing'}; aimed callers waited {waited}"
 
 
 async def watched(streams: StreamWatch, history: History, backends: Backends) -> None:

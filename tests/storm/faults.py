@@ -36,7 +36,7 @@ import asyncio
 import random
 import re
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -158,6 +158,11 @@ class FaultDriver:
         #: When the proxies were cleared (what they still held went through), on the
         #: executions' clock.
         self.cleared: float | None = None
+        #: Clear while the command-path stall wave runs: no other fault fires meanwhile.
+        self.calm = asyncio.Event()
+        self.calm.set()
+        #: The calls the command-path stall wave aimed at the stalled node's sessions.
+        self.aimed: list[Call] = []
         self._kinds = sorted(plan.weights)
 
     # ------------------------------------------------------------ the run
@@ -168,6 +173,7 @@ class FaultDriver:
         while True:
             due += self.rng.randint(*self.plan.every)
             await self.nodes.submitted(due)
+            await self.calm.wait()
             await self.fire(
                 self.rng.choices(self._kinds, [self.plan.weights[k] for k in self._kinds])[0]
             )
@@ -229,26 +235,51 @@ class FaultDriver:
             raise ValueError(f"unknown fault kind {kind!r}")
 
     async def command_path_stall(self, at_submit: int, seconds: float) -> None:
-        """The command-path stall wave: once `at_submit` submits went out, one node's command
-        pool stalls for `seconds` while its renewals and its pub/sub connection go on (a gray
-        failure: only the node's own check of its command path lets its sessions go)."""
+        """The command-path stall wave: once `at_submit` submits went out (and the store is
+        up), one node's command pool stalls for `seconds` while its renewals and its pub/sub
+        connection go on (a gray failure: only the node's own check of its command path lets
+        its sessions go), and every session it holds gets a submit through another node, one
+        no fault touches: those callers wait on a healthy node for the stalled node's
+        sessions, which the liveness invariant bounds. No other fault fires until they are
+        answered."""
         await self.nodes.submitted(at_submit)
-        node = await self.busiest()
-        entry = Armed("command_stall", node.node_id, self.nodes.submits, self.nodes.clock())
-        entry.at, entry.seconds = time.monotonic(), seconds
-        self.armed.append(entry)
-        proxy = self.nodes.pool.proxies[node.node_id]
-        entry.rule = proxy.stall("both", seconds=seconds, client=COMMAND_POOL)
+        await self.storm.store_up.wait()
+        self.calm.clear()
+        try:
+            node, held = await self.busiest()
+            entry = Armed("command_stall", node.node_id, self.nodes.submits, self.nodes.clock())
+            entry.at, entry.seconds = time.monotonic(), seconds
+            self.armed.append(entry)
+            proxy = self.nodes.pool.proxies[node.node_id]
+            entry.rule = proxy.stall("both", seconds=seconds, client=COMMAND_POOL)
+            others = [n for n in self.untouched() if n is not node]
+            if others:
+                targets = [(session_id, self.rng.choice(others)) for session_id in held]
+                self.aimed = await self.storm.aimed(targets)
+        finally:
+            self.calm.set()
 
-    async def busiest(self) -> NodeProcess:
-        """The running node process that holds the most sessions' leases."""
-        held: Counter[str] = Counter()
+    def untouched(self) -> list[NodeProcess]:
+        """The running node processes no fault holds now (no stop, stall or held reply)."""
+        now = time.monotonic()
+        return [
+            node
+            for node in self.nodes.alive()
+            if not node.stopped
+            and not any(start <= now <= end for start, end in self.windows(node.node_id))
+        ]
+
+    async def busiest(self) -> tuple[NodeProcess, list[str]]:
+        """The running node process no fault holds now that holds the most sessions' leases
+        (any running one when every one is held), and those sessions."""
+        held: dict[str, list[str]] = defaultdict(list)
         for session_id in self.storm.history.sessions:
             lease = await self.nodes.cluster.backends.leases.current(session_id)
             if lease is not None:
-                held[lease.holder] += 1
-        running = [n for n in self.nodes.alive() if not n.stopped] or self.nodes.alive()
-        return max(running, key=lambda node: held[node.node_id])
+                held[lease.holder].append(session_id)
+        running = self.untouched() or [n for n in self.nodes.alive() if not n.stopped]
+        node = max(running or self.nodes.alive(), key=lambda node: len(held[node.node_id]))
+        return node, held[node.node_id]
 
     async def resume(self, node: NodeProcess, entry: Armed) -> None:
         # (how long the process stays stopped: the fault itself, not a synchronisation)
