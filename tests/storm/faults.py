@@ -235,50 +235,63 @@ class FaultDriver:
             raise ValueError(f"unknown fault kind {kind!r}")
 
     async def command_path_stall(self, at_submit: int, seconds: float) -> None:
-        """The command-path stall wave: once `at_submit` submits went out (and the store is
-        up), one node's command pool stalls for `seconds` while its renewals and its pub/sub
-        connection go on (a gray failure: only the node's own check of its command path lets
-        its sessions go), and every session it holds gets a submit through another node, one
-        no fault touches: those callers wait on a healthy node for the stalled node's
-        sessions, which the liveness invariant bounds. No other fault fires until they are
-        answered."""
+        """The command-path stall wave: once `at_submit` submits went out, no other fault
+        fires and those in effect run out; then the command pool of the node holding the most
+        sessions stalls for `seconds` while its renewals and its pub/sub connection go on (a
+        gray failure: only the node's own check of its command path lets its sessions go),
+        and every session it holds gets a caller on another node: those callers wait on a
+        healthy node for the stalled node's sessions, which the liveness invariant bounds.
+        Other faults fire again once they are answered."""
         await self.nodes.submitted(at_submit)
-        await self.storm.store_up.wait()
         self.calm.clear()
         try:
+            await self.quiet()
             node, held = await self.busiest()
+            if not held:  # (every session is free: the node takes some first)
+                await self.storm.aimed([(s, node) for s in self.storm.history.sessions[:3]])
+                held = (await self.holders())[node.node_id]
             entry = Armed("command_stall", node.node_id, self.nodes.submits, self.nodes.clock())
             entry.at, entry.seconds = time.monotonic(), seconds
             self.armed.append(entry)
             proxy = self.nodes.pool.proxies[node.node_id]
             entry.rule = proxy.stall("both", seconds=seconds, client=COMMAND_POOL)
-            others = [n for n in self.untouched() if n is not node]
-            if others:
-                targets = [(session_id, self.rng.choice(others)) for session_id in held]
-                self.aimed = await self.storm.aimed(targets)
+            others = [n for n in self.nodes.alive() if n is not node and not n.stopped]
+            targets = [(session_id, self.rng.choice(others)) for session_id in held]
+            self.aimed = await self.storm.aimed(targets)
         finally:
             self.calm.set()
 
-    def untouched(self) -> list[NodeProcess]:
-        """The running node processes no fault holds now (no stop, stall or held reply)."""
+    async def quiet(self) -> None:
+        """Let every fault in effect run out (a stopped process is continued, a held reply or
+        stall ends, after its own duration) and the store be up."""
+        await asyncio.gather(*self.tasks)
         now = time.monotonic()
-        return [
-            node
+        ends = [
+            end
             for node in self.nodes.alive()
-            if not node.stopped
-            and not any(start <= now <= end for start, end in self.windows(node.node_id))
+            for start, end in self.windows(node.node_id)
+            if start <= now < end
         ]
+        if ends:
+            # (how long the faults hold what they hold: their own durations, not a wait for
+            # something to happen)
+            await asyncio.sleep(max(ends) - now)
+        await self.storm.store_up.wait()
 
-    async def busiest(self) -> tuple[NodeProcess, list[str]]:
-        """The running node process no fault holds now that holds the most sessions' leases
-        (any running one when every one is held), and those sessions."""
+    async def holders(self) -> dict[str, list[str]]:
+        """The sessions each node holds the lease of, by node id."""
         held: dict[str, list[str]] = defaultdict(list)
         for session_id in self.storm.history.sessions:
             lease = await self.nodes.cluster.backends.leases.current(session_id)
             if lease is not None:
                 held[lease.holder].append(session_id)
-        running = self.untouched() or [n for n in self.nodes.alive() if not n.stopped]
-        node = max(running or self.nodes.alive(), key=lambda node: len(held[node.node_id]))
+        return held
+
+    async def busiest(self) -> tuple[NodeProcess, list[str]]:
+        """The running node process that holds the most sessions' leases, and those."""
+        held = await self.holders()
+        running = [n for n in self.nodes.alive() if not n.stopped] or self.nodes.alive()
+        node = max(running, key=lambda node: len(held[node.node_id]))
         return node, held[node.node_id]
 
     async def resume(self, node: NodeProcess, entry: Armed) -> None:
