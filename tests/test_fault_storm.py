@@ -6,7 +6,10 @@ tests/storm/waves.py run, a seeded driver (tests/storm/faults.py) fires, every f
 of: a connection cut right after a chosen stickless script ran (its reply lost), a held reply,
 a stall of one node's whole path, a reset of every connection of one node, of its pub/sub
 connection only or of its command connections only, SIGSTOP/SIGCONT or SIGKILL (then a
-replacement) of a node process, and a redis-server restart. One stream per session stays open
+replacement) of a node process, and a redis-server restart. Once, a command-path stall wave
+(`COMMAND_STALL`) stalls only the command pool of the node holding the most sessions, with no
+other fault firing, and sends a caller to each of those sessions through another node: the
+liveness invariant (`serve_within`) bounds how long they wait. One stream per session stays open
 through it all (tests/storm/streams.py), reopened past its last event id when its node dies.
 Held replies last up to twice the lease TTL, stalls and stops past it: a holder kept from Redis
 past its lease overlaps the next holder until it notices, as the README's guarantees table says
