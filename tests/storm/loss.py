@@ -49,7 +49,7 @@ class LossChecks(CheckerBase):
                 elif (session_id, parse(text)[1]) in self.refused_tags:
                     self.known("REFUSED_BUT_QUEUED_BUG", "4 loss", what)
                 else:
-                    self.fail("4 loss", what)
+                    self.fail("4 loss", f"{what}; {self.story_of(session_id, parse(text)[1])}")
             if not purged.messages and not purged.unreadable:
                 self.fail("4 loss", f"inbox of {session_id} did not drain in time")
 

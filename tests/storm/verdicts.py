@@ -150,6 +150,11 @@ class CheckerBase:
                 lines.append(f"ran {execution}")
         return "\n        ".join(lines)
 
+    def story_of(self, session_id: str, tag: str) -> str:
+        """The story of the first call of a (session, tag), for a violation report."""
+        calls = [c for c in self.history.calls if (c.session_id, c.tag) == (session_id, tag)]
+        return self.story(calls[0]) if calls else f"no call of {session_id}/{tag}"
+
     def report(self) -> str:
         lines = []
         for invariant, messages in sorted(self.violations.items()):
