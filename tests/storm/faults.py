@@ -163,6 +163,8 @@ class FaultDriver:
         self.calm.set()
         #: The calls the command-path stall wave aimed at the stalled node's sessions.
         self.aimed: list[Call] = []
+        #: Whether the command-path stall wave began (its submit count was reached).
+        self.stall_begun = False
         self._kinds = sorted(plan.weights)
 
     # ------------------------------------------------------------ the run
@@ -243,6 +245,7 @@ class FaultDriver:
         healthy node for the stalled node's sessions, which the liveness invariant bounds.
         Other faults fire again once they are answered."""
         await self.nodes.submitted(at_submit)
+        self.stall_begun = True
         self.calm.clear()
         try:
             await self.quiet()
