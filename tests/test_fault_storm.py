@@ -6,7 +6,10 @@ tests/storm/waves.py run, a seeded driver (tests/storm/faults.py) fires, every f
 of: a connection cut right after a chosen stickless script ran (its reply lost), a held reply,
 a stall of one node's whole path, a reset of every connection of one node, of its pub/sub
 connection only or of its command connections only, SIGSTOP/SIGCONT or SIGKILL (then a
-replacement) of a node process, and a redis-server restart. One stream per session stays open
+replacement) of a node process, and a redis-server restart. Once, a command-path stall wave
+(`COMMAND_STALL`) stalls only the command pool of the node holding the most sessions, with no
+other fault firing, and sends a caller to each of those sessions through another node: the
+liveness invariant (`serve_within`) bounds how long they wait. One stream per session stays open
 through it all (tests/storm/streams.py), reopened past its last event id when its node dies.
 Held replies last up to twice the lease TTL, stalls and stops past it: a holder kept from Redis
 past its lease overlaps the next holder until it notices, as the README's guarantees table says
@@ -35,6 +38,7 @@ that is missing).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import random
@@ -120,11 +124,11 @@ def serve_within(config: RouterConfig) -> float:
 
 #: The liveness bound of the storm's node processes.
 SERVE_WITHIN = serve_within(RouterConfig(**{**FAST_CONFIG, "forward_ttl": FORWARD_TTL}))
-#: The command-path stall wave: at this submit (between the store restart and the second kill
-#: wave), the command pool of the node holding the most sessions stalls for well past the
-#: liveness bound, so a node that kept its sessions through it would leave them unserved past
-#: the bound.
-COMMAND_STALL = (130, SERVE_WITHIN + 2 * LEASE_TTL)
+#: The command-path stall wave: at this submit (past the store restart's wave, whose steps have
+#: all begun by then), the command pool of the node holding the most sessions stalls for well
+#: past the liveness bound, and each of its sessions gets a caller on another node: a node that
+#: kept its sessions through the stall would leave those callers unserved past the bound.
+COMMAND_STALL = (160, SERVE_WITHIN + 2 * LEASE_TTL)
 
 
 async def fault_storm(
@@ -157,8 +161,12 @@ async def fault_storm(
             firing = asyncio.ensure_future(driver.run())
             stalling = asyncio.ensure_future(driver.command_path_stall(*COMMAND_STALL))
             history = await storm.run()
-            stalling.cancel()  # (a storm too short for the wave: it never fires)
-            await asyncio.gather(stalling, return_exceptions=True)
+            # (a wave begun runs to its end, even past the storm's waves; a storm too short for
+            # it never begins it)
+            if not driver.stall_begun:
+                stalling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await stalling
             # When the faults stop, every caller has its answer and the survivors drained
             await driver.stop(firing)
             await nodes.record(history)
@@ -197,6 +205,7 @@ async def fault_storm(
         print(f"allowed overlap {overlap}")
     spans = sorted(unserved_spans(history), key=lambda span: span.seconds)
     print(f"longest unserved spans (bound {SERVE_WITHIN:.1f}s): {[str(s) for s in spans[-3:]]}")
+    print(f"command-path stall wave: {stall_wave(driver, history)}")
     for hit in checker.known_bug:
         print(f"known bug {hit.splitlines()[0]}")
     print(f"fault storm and checks took {time.monotonic() - started:.1f}s")
@@ -212,6 +221,20 @@ async def fault_storm(
     assert not checker.violations, f"seed {seed}:\n{checker.report()}"
     assert errors == [], errors
     assert sum(fired.values()) >= 10, fired
+    # (a stall wave that began aimed callers at the stalled node's sessions: the liveness
+    # invariant had something to hold)
+    assert not driver.stall_begun or driver.aimed, "the stall wave aimed no caller"
+
+
+def stall_wave(driver: FaultDriver, history: History) -> str:
+    """The stalled node, and how long each caller the wave aimed at its sessions waited."""
+    stalled = [a.node for a in driver.armed if a.kind == "command_stall" and a.fired]
+    waited = [
+        f"{call.session_id} via {call.node_id} {call.done - call.sent:.2f}s "
+        f"{call.kind or type(call.refused).__name__}"
+        for call in driver.aimed
+    ]
+    return f"stalled {stalled or 'nothing'}; aimed callers waited {waited}"
 
 
 async def watched(streams: StreamWatch, history: History, backends: Backends) -> None:

@@ -179,6 +179,27 @@ def test_names_with_braces_are_refused(redis_url: str) -> None:
         RedisBackends.from_url(redis_url, namespace="a{b}")
 
 
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"socket_timeout": 0}, "socket_timeout"),
+        ({"socket_timeout": -1.0}, "socket_timeout"),
+        ({"socket_timeout": float("inf")}, "socket_timeout"),
+        ({"socket_timeout": float("nan")}, "socket_timeout"),
+        ({"socket_timeout": None}, "socket_timeout"),
+        ({"socket_connect_timeout": 0.0}, "socket_connect_timeout"),
+        ({"socket_connect_timeout": float("inf")}, "socket_connect_timeout"),
+        # (an unbounded read timeout is refused even when connecting is bounded)
+        ({"socket_timeout": None, "socket_connect_timeout": 1.0}, "socket_timeout"),
+    ],
+)
+def test_store_calls_must_be_bounded(options: dict[str, Any], field: str) -> None:
+    # Given / When a bundle is built with a socket timeout that would let a stalled call hang
+    # Then it is refused, naming the field and the rule (no server needed: nothing connects)
+    with pytest.raises(ValueError, match=f"^{field} must be a positive, finite number"):
+        RedisBackends.from_url("redis://127.0.0.1:1/0", namespace=NS, **options)
+
+
 async def test_clone_has_its_own_pool(bundle: RedisBackends) -> None:
     # Given a bundle and its clone
     clone = bundle.clone()

@@ -10,8 +10,12 @@ The in-process storm (tests/test_invariants.py), the node-process storm
 - `journal`: the in-process agent and its journal of executions (the node-process and Ray
   agents log theirs to Redis, and their adapters read them into the same records);
 - `checker`: the one checker of the invariants over a history and the stores, with each
-  environment's `rules.Rules`; `overlaps`: its serialization check, with the one overlap of
-  turns the README allows (a holder kept from the store past its lease that commits nothing);
+  environment's `rules.Rules`; its families of invariants in modules of their own: `verdicts`
+  (the state and verdicts they share), `answers` (one answer per submit), `keys` (at most once
+  per key), `loss` (nothing lost), `overlaps` (serialization, with the one overlap of turns the
+  README allows: a holder kept from the store past its lease that commits nothing), `liveness`
+  (no session unserved past a bound) and `streams` (stream completeness);
+- `faults`: the fault storm's proxies and seeded fault driver, with its command-path stall wave;
 - `known_bugs`: the stickless bugs the storms found, with the switches that turn their symptoms
   into listed known-bug hits.
 """

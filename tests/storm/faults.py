@@ -36,7 +36,7 @@ import asyncio
 import random
 import re
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -158,6 +158,13 @@ class FaultDriver:
         #: When the proxies were cleared (what they still held went through), on the
         #: executions' clock.
         self.cleared: float | None = None
+        #: Clear while the command-path stall wave runs: no other fault fires meanwhile.
+        self.calm = asyncio.Event()
+        self.calm.set()
+        #: The calls the command-path stall wave aimed at the stalled node's sessions.
+        self.aimed: list[Call] = []
+        #: Whether the command-path stall wave began (its submit count was reached).
+        self.stall_begun = False
         self._kinds = sorted(plan.weights)
 
     # ------------------------------------------------------------ the run
@@ -168,6 +175,7 @@ class FaultDriver:
         while True:
             due += self.rng.randint(*self.plan.every)
             await self.nodes.submitted(due)
+            await self.calm.wait()
             await self.fire(
                 self.rng.choices(self._kinds, [self.plan.weights[k] for k in self._kinds])[0]
             )
@@ -229,26 +237,65 @@ class FaultDriver:
             raise ValueError(f"unknown fault kind {kind!r}")
 
     async def command_path_stall(self, at_submit: int, seconds: float) -> None:
-        """The command-path stall wave: once `at_submit` submits went out, one node's command
-        pool stalls for `seconds` while its renewals and its pub/sub connection go on (a gray
-        failure: only the node's own check of its command path lets its sessions go)."""
+        """The command-path stall wave: once `at_submit` submits went out, no other fault
+        fires and those in effect run out; then the command pool of the node holding the most
+        sessions stalls for `seconds` while its renewals and its pub/sub connection go on (a
+        gray failure: only the node's own check of its command path lets its sessions go),
+        and every session it holds gets a caller on another node: those callers wait on a
+        healthy node for the stalled node's sessions, which the liveness invariant bounds.
+        Other faults fire again once they are answered."""
         await self.nodes.submitted(at_submit)
-        node = await self.busiest()
-        entry = Armed("command_stall", node.node_id, self.nodes.submits, self.nodes.clock())
-        entry.at, entry.seconds = time.monotonic(), seconds
-        self.armed.append(entry)
-        proxy = self.nodes.pool.proxies[node.node_id]
-        entry.rule = proxy.stall("both", seconds=seconds, client=COMMAND_POOL)
+        self.stall_begun = True
+        self.calm.clear()
+        try:
+            await self.quiet()
+            node, held = await self.busiest()
+            if not held:  # (every session is free: the node takes some first)
+                await self.storm.aimed([(s, node) for s in self.storm.history.sessions[:3]])
+                held = (await self.holders())[node.node_id]
+            entry = Armed("command_stall", node.node_id, self.nodes.submits, self.nodes.clock())
+            entry.at, entry.seconds = time.monotonic(), seconds
+            self.armed.append(entry)
+            proxy = self.nodes.pool.proxies[node.node_id]
+            entry.rule = proxy.stall("both", seconds=seconds, client=COMMAND_POOL)
+            others = [n for n in self.nodes.alive() if n is not node and not n.stopped]
+            targets = [(session_id, self.rng.choice(others)) for session_id in held]
+            self.aimed = await self.storm.aimed(targets)
+        finally:
+            self.calm.set()
 
-    async def busiest(self) -> NodeProcess:
-        """The running node process that holds the most sessions' leases."""
-        held: Counter[str] = Counter()
+    async def quiet(self) -> None:
+        """Let every fault in effect run out (a stopped process is continued, a held reply or
+        stall ends, after its own duration) and the store be up."""
+        await asyncio.gather(*self.tasks)
+        now = time.monotonic()
+        ends = [
+            end
+            for node in self.nodes.alive()
+            for start, end in self.windows(node.node_id)
+            if start <= now < end
+        ]
+        if ends:
+            # (how long the faults hold what they hold: their own durations, not a wait for
+            # something to happen)
+            await asyncio.sleep(max(ends) - now)
+        await self.storm.store_up.wait()
+
+    async def holders(self) -> dict[str, list[str]]:
+        """The sessions each node holds the lease of, by node id."""
+        held: dict[str, list[str]] = defaultdict(list)
         for session_id in self.storm.history.sessions:
             lease = await self.nodes.cluster.backends.leases.current(session_id)
             if lease is not None:
-                held[lease.holder] += 1
+                held[lease.holder].append(session_id)
+        return held
+
+    async def busiest(self) -> tuple[NodeProcess, list[str]]:
+        """The running node process that holds the most sessions' leases, and those."""
+        held = await self.holders()
         running = [n for n in self.nodes.alive() if not n.stopped] or self.nodes.alive()
-        return max(running, key=lambda node: held[node.node_id])
+        node = max(running, key=lambda node: len(held[node.node_id]))
+        return node, held[node.node_id]
 
     async def resume(self, node: NodeProcess, entry: Armed) -> None:
         # (how long the process stays stopped: the fault itself, not a synchronisation)

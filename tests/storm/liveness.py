@@ -4,10 +4,11 @@ sessions are served elsewhere once its liveness runs out and a sweep notices).
 
 A session is *unserved* while a caller waits on it through a healthy node (accepted, not
 answered yet), no turn of it runs, and nothing happens to it: no turn of it starts or ends and
-no caller of it is answered. A caller counts only while its own node is healthy (not killed,
-not under an `Outage`): one whose node is cut off waits on that node, not on the cluster. A
-span that overlaps a store restart is no violation (no node is healthy then). A turn a crash
-cut short counts as running until the crash.
+no such caller of it is answered. A caller counts only while its own node is healthy (not
+killed, not under an `Outage`): one whose node is cut off waits on that node, not on the
+cluster, and its answer says nothing about the session. Nor does a cached answer (a key that
+already held its outcome: nothing waited). A span that overlaps a store restart is no violation
+(no node is healthy then). A turn a crash cut short counts as running until the crash.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from .records import Call, History
+
+#: How a submit answered from the key's stored outcome is placed (`SubmitKind.CACHED`).
+CACHED = "CACHED"
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,7 @@ def _healthy_waits(history: History) -> dict[str, list[tuple[float, float, int]]
     crashes = {kill.node: kill.stamp for kill in history.kills}
     waits: dict[str, list[tuple[float, float, int]]] = defaultdict(list)
     for call in history.calls:
-        if call.turn_id is None or not call.answered_at:
+        if call.turn_id is None or not call.answered_at or call.kind == CACHED:
             continue
         start, end = _sent_at(call), call.answered_at
         end = min(end, crashes.get(call.node_id, end))
@@ -74,11 +78,12 @@ def unserved_spans(history: History) -> list[Unserved]:
         end = run.end if run.end is not None else crashes.get(run.node or "", float("inf"))
         runs[run.session_id].append((run.start, end))
         progress[run.session_id].update((run.start, end))
-    for call in history.calls:
-        if call.turn_id is not None and call.answered_at:
-            progress[call.session_id].add(call.answered_at)
+    healthy = _healthy_waits(history)
+    answered = {call.index: call.answered_at for call in history.calls}
+    for session_id, waits in healthy.items():
+        progress[session_id].update(end for _, end, index in waits if end == answered[index])
     found: list[Unserved] = []
-    for session_id, waits in _healthy_waits(history).items():
+    for session_id, waits in healthy.items():
         instants = sorted(
             progress[session_id] | {t for start, end, _ in waits for t in (start, end)}
         )

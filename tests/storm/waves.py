@@ -171,8 +171,9 @@ class WaveStorm:
         self.calls.append(call)
         return call
 
-    async def place(self, call: Call) -> None:
-        """Submit; on success start the task that waits (bounded) for the answer."""
+    async def place(self, call: Call) -> asyncio.Task[None] | None:
+        """Submit; on success start (and return) the task that waits (bounded) for the
+        answer."""
         call.sent = time.monotonic()
         try:
             await self.cluster.submit(call)
@@ -180,8 +181,22 @@ class WaveStorm:
             call.refused = exc
             call.done = time.monotonic()
             call.answered_at = self.cluster.clock()
-            return
-        self.waiters.append(asyncio.ensure_future(self.await_answer(call)))
+            return None
+        waiter = asyncio.ensure_future(self.await_answer(call))
+        self.waiters.append(waiter)
+        return waiter
+
+    async def aimed(self, targets: list[tuple[str, Any]]) -> list[Call]:
+        """Submit a keyless NEXT request to each (session, node) at once, outside the waves (a
+        fault wave aims them); return once every caller has its answer (or gave up waiting)."""
+        calls = []
+        for session_id, node in targets:
+            tag = f"u{next(self._unique)}"
+            text = request_text(session_id, tag)
+            calls.append(self.new_call(session_id, node, text, None, tag, Priority.NEXT))
+        waiters = await asyncio.gather(*(self.place(call) for call in calls))
+        await asyncio.gather(*(waiter for waiter in waiters if waiter is not None))
+        return calls
 
     async def await_answer(self, call: Call) -> None:
         try:
