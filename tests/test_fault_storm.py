@@ -111,11 +111,12 @@ def serve_within(config: RouterConfig) -> float:
     """The liveness invariant's bound (tests/storm/liveness.py): a stalled or dead holder is
     noticed (its command path unanswered for `command_path_timeout`, checked every renewal
     tick, or its liveness run out), its liveness runs out, a sweep frees its sessions, and the
-    forward poll or the sweep's claim brings their queued work to a healthy node; one more
-    lease TTL for the scheduling of node processes on a busy machine."""
+    forward poll or the sweep's claim brings their queued work to a healthy node; two more
+    lease TTLs for the scheduling of node processes on a busy machine (a loaded run came
+    within half a second of one)."""
     return (
         config.command_path_timeout
-        + 2 * config.lease_ttl
+        + 3 * config.lease_ttl
         + 2 * config.lease_extend_interval
         + config.holder_loss_sweep_interval
         + config.forward_poll_interval
