@@ -29,13 +29,13 @@ from ._core import (
     error_of,
     gave_up,
     header_seconds,
-    transcript_call,
     interrupt_call,
     new_key,
     retry_after,
     retryable,
     session_path,
     submit_call,
+    transcript_call,
     turn_call,
 )
 
@@ -320,9 +320,8 @@ class AsyncClient:
 
     async def transcript(self, session_id: str, *, after: int = 0) -> list[dict[str, Any]]:
         """The committed transcript (past version `after`): `{"role", "content", "data"}`."""
-        entries: list[dict[str, Any]] = (await self._send(transcript_call(session_id, after))).json()[
-            "entries"
-        ]
+        answer = await self._send(transcript_call(session_id, after))
+        entries: list[dict[str, Any]] = answer.json()["entries"]
         return entries
 
     async def status(self, session_id: str) -> dict[str, Any]:

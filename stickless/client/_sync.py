@@ -27,13 +27,13 @@ from ._core import (
     error_of,
     gave_up,
     header_seconds,
-    transcript_call,
     interrupt_call,
     new_key,
     retry_after,
     retryable,
     session_path,
     submit_call,
+    transcript_call,
     turn_call,
 )
 
