@@ -1,7 +1,8 @@
 """The chat page across reloads and tabs, in a real headless Chromium through haproxy over three
 `stickless serve` nodes: the session in the URL, history and a running turn rejoined after a
 reload (also after the holder was SIGKILLed), a second tab following live, double-texting with a
-priority, the token field, markdown and the ids kept in a detail."""
+priority (a NOW message joining the running turn), the token field, markdown and the ids kept in a
+detail."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
+import httpx
 import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -139,6 +141,33 @@ def test_double_texting_queues_with_a_priority(driver: WebDriver, web: WebCluste
     assert _text(queued["next"]).strip() == "you said 'next'; this handle has now run 2 turn(s)"
     assert _text(queued["after"]).strip() == "you said 'after'; this handle has now run 3 turn(s)"
     assert not choice.is_displayed()
+
+
+def test_now_joins_the_running_turn(driver: WebDriver, web: WebCluster) -> None:
+    session = _open(driver, web, {"delay": 0.1, "story": True})
+    story = _send(driver, "story")
+    story_id = story.get_attribute("data-turn-id") or ""
+    _wait_words(driver, story, 2)
+    _options(driver, "")
+    driver.find_element(By.CSS_SELECTOR, '#priority option[value="NOW"]').click()
+    now = _send(driver, "hurry")
+    assert _wait_end(driver, story) == "completed"
+    assert _wait_end(driver, now) == "completed"
+    # The running turn heard it (the demo agent says so in its reply) and the message shows the
+    # answer of the turn it joined, marked as joined; no turn of its own ran.
+    said = _text(story).split()
+    assert "(you also said 'hurry')" in " ".join(said)
+    assert " ".join(said).replace("(you also said 'hurry') ", "").split() == STORY.split()
+    assert now.find_element(By.CSS_SELECTOR, ".state").text == "completed (joined the running turn)"
+    assert _text(now).split() == said
+    now_id = now.get_attribute("data-turn-id") or ""
+    assert [t[:2] for t in _turns(driver)] == [(story_id, "story"), (now_id, "hurry")]
+    entries = httpx.get(f"{web.url}/v1/sessions/{session}/transcript", timeout=WAIT).json()
+    assert [(e["role"], e["content"], e["turn_id"]) for e in entries["entries"]] == [
+        ("user", "story", story_id),
+        ("user", "hurry", story_id),
+        ("assistant", " ".join(said), story_id),
+    ]
 
 
 def test_markdown_is_rendered_safely_and_ids_sit_in_a_detail(
