@@ -132,7 +132,8 @@ def test_double_texting_queues_with_a_priority(driver: WebDriver, web: WebCluste
     queued = {}
     for priority, message in (("LATER", "after"), ("NEXT", "next")):
         driver.find_element(By.CSS_SELECTOR, f'#priority option[value="{priority}"]').click()
-        queued[message] = _send(driver, message)
+        # Send and Enter both work while a turn runs.
+        queued[message] = _send(driver, message, by_enter=message == "next")
         assert _state(queued[message]) in ("queued", "sending")
     assert _wait_end(driver, story) == "completed"
     assert _wait_end(driver, queued["after"]) == "completed"
@@ -173,7 +174,10 @@ def test_now_joins_the_running_turn(driver: WebDriver, web: WebCluster) -> None:
 def test_markdown_is_rendered_safely_and_ids_sit_in_a_detail(
     driver: WebDriver, web: WebCluster
 ) -> None:
-    reply = "Some **bold** and `code` <img src=x onerror=alert(1)>"
+    reply = (
+        "Some **bold** and `code` <img src=x onerror=alert(1)> "
+        "[docs](https://example.com/docs) [bad](javascript:void0)"
+    )
     _open(driver, web, {"delay": 0.01, "story": reply})
     turn = _send(driver, "markdown")
     assert _wait_end(driver, turn) == "completed"
@@ -182,6 +186,10 @@ def test_markdown_is_rendered_safely_and_ids_sit_in_a_detail(
     assert text.find_element(By.TAG_NAME, "code").text == "code"
     assert text.find_elements(By.TAG_NAME, "img") == []
     assert "<img src=x onerror=alert(1)>" in text.text
+    # A link only to a safe address; any other stays text.
+    (link,) = text.find_elements(By.TAG_NAME, "a")
+    assert (link.text, link.get_attribute("href")) == ("docs", "https://example.com/docs")
+    assert "[bad](javascript:void0)" in text.text
     # The main line shows the state; the ids only once the detail is opened.
     turn_id = turn.get_attribute("data-turn-id") or ""
     assert turn_id not in turn.text
