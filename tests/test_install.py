@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -27,18 +28,27 @@ def _read_at_run_time() -> set[str]:
 
 
 def _runs_the_demo(site: Path, cwd: Path) -> None:
-    """`python -m stickless demo` succeeds with only `site` on the path, importing from it."""
-    env = {**os.environ, "PYTHONPATH": str(site)}
+    """`python -m stickless demo` succeeds importing stickless from `site` alone.
+
+    `-S` leaves out the `.pth` files of this environment (an editable install of the clone
+    adds an import hook that would serve any module `site` lacks); its dependencies come from
+    the environment's own package directories, named on the path instead.
+    """
+    paths = sysconfig.get_paths()
+    path = os.pathsep.join(dict.fromkeys([str(site), paths["purelib"], paths["platlib"]]))
+    env = {**os.environ, "PYTHONPATH": path}
     demo = subprocess.run(
-        [sys.executable, "-m", "stickless", "demo", "--timeout", "120"],
+        [sys.executable, "-S", "-m", "stickless", "demo", "--timeout", "120"],
         capture_output=True, text=True, timeout=180, check=False, cwd=cwd, env=env,
     )  # fmt: skip
     assert demo.returncode == 0, demo.stdout + demo.stderr
     shown = subprocess.run(
-        [sys.executable, "-c", "import stickless; print(stickless.__file__)"],
+        [sys.executable, "-S", "-c",
+         "import stickless.demo.agent, stickless.web; "
+         "print(stickless.demo.agent.__file__, stickless.web.__file__)"],
         capture_output=True, text=True, timeout=60, check=True, cwd=cwd, env=env,
     )  # fmt: skip
-    assert shown.stdout.strip().startswith(str(site))
+    assert all(file.startswith(str(site)) for file in shown.stdout.split())
 
 
 @pytest.mark.timeout(300)
