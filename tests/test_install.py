@@ -5,6 +5,7 @@ clone."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -53,9 +54,16 @@ def _runs_the_demo(site: Path, cwd: Path) -> None:
 
 @pytest.mark.timeout(300)
 def test_the_built_wheel_carries_its_files_and_runs_the_demo(tmp_path: Path) -> None:
+    # Built from a copy of the clone without earlier build output: setuptools builds in the
+    # source tree, and a `build/` left there by another build would lend the wheel its files.
+    source = tmp_path / "source"
+    leftovers = shutil.ignore_patterns(
+        ".git", "build", "*.egg-info", "__pycache__", ".*_cache", "node_modules"
+    )
+    shutil.copytree(REPO, source, ignore=leftovers)
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
-         "-w", str(tmp_path / "dist"), str(REPO)],
+         "-w", str(tmp_path / "dist"), str(source)],
         capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip
     assert built.returncode == 0, built.stderr
