@@ -20,6 +20,7 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions as ec
@@ -89,13 +90,17 @@ def _open(
     return session
 
 
-def _send(driver: WebDriver, message: str) -> WebElement:
-    """Type and send a message; the new turn's element once the turn has its id."""
+def _send(driver: WebDriver, message: str, by_enter: bool = False) -> WebElement:
+    """Type and send a message (with Send, or the Enter key); the new turn's element once the
+    turn has its id."""
     before = len(driver.find_elements(By.CSS_SELECTOR, "#log .turn"))
     box = driver.find_element(By.ID, "input")
     box.clear()
-    box.send_keys(message)
-    WebDriverWait(driver, WAIT).until(ec.element_to_be_clickable((By.ID, "send"))).click()
+    if by_enter:
+        box.send_keys(message + Keys.ENTER)
+    else:
+        box.send_keys(message)
+        WebDriverWait(driver, WAIT).until(ec.element_to_be_clickable((By.ID, "send"))).click()
 
     def turn_with_id(d: WebDriver) -> WebElement | bool:
         turns = d.find_elements(By.CSS_SELECTOR, "#log .turn")

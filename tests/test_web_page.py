@@ -1,7 +1,8 @@
 """The chat page across reloads and tabs, in a real headless Chromium through haproxy over three
 `stickless serve` nodes: the session in the URL, history and a running turn rejoined after a
 reload (also after the holder was SIGKILLed), a second tab following live, double-texting with a
-priority, the token field, markdown and the ids kept in a detail."""
+priority (a NOW message joining the running turn), the token field, markdown and the ids kept in a
+detail."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
+import httpx
 import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -130,7 +132,8 @@ def test_double_texting_queues_with_a_priority(driver: WebDriver, web: WebCluste
     queued = {}
     for priority, message in (("LATER", "after"), ("NEXT", "next")):
         driver.find_element(By.CSS_SELECTOR, f'#priority option[value="{priority}"]').click()
-        queued[message] = _send(driver, message)
+        # Send and Enter both work while a turn runs.
+        queued[message] = _send(driver, message, by_enter=message == "next")
         assert _state(queued[message]) in ("queued", "sending")
     assert _wait_end(driver, story) == "completed"
     assert _wait_end(driver, queued["after"]) == "completed"
@@ -141,10 +144,40 @@ def test_double_texting_queues_with_a_priority(driver: WebDriver, web: WebCluste
     assert not choice.is_displayed()
 
 
+def test_now_joins_the_running_turn(driver: WebDriver, web: WebCluster) -> None:
+    session = _open(driver, web, {"delay": 0.1, "story": True})
+    story = _send(driver, "story")
+    story_id = story.get_attribute("data-turn-id") or ""
+    _wait_words(driver, story, 2)
+    _options(driver, "")
+    driver.find_element(By.CSS_SELECTOR, '#priority option[value="NOW"]').click()
+    now = _send(driver, "hurry")
+    assert _wait_end(driver, story) == "completed"
+    assert _wait_end(driver, now) == "completed"
+    # The running turn heard it (the demo agent says so in its reply) and the message shows the
+    # answer of the turn it joined, marked as joined; no turn of its own ran.
+    said = _text(story).split()
+    assert "(you also said 'hurry')" in " ".join(said)
+    assert " ".join(said).replace("(you also said 'hurry') ", "").split() == STORY.split()
+    assert now.find_element(By.CSS_SELECTOR, ".state").text == "completed (joined the running turn)"
+    assert _text(now).split() == said
+    now_id = now.get_attribute("data-turn-id") or ""
+    assert [t[:2] for t in _turns(driver)] == [(story_id, "story"), (now_id, "hurry")]
+    entries = httpx.get(f"{web.url}/v1/sessions/{session}/transcript", timeout=WAIT).json()
+    assert [(e["role"], e["content"], e["turn_id"]) for e in entries["entries"]] == [
+        ("user", "story", story_id),
+        ("user", "hurry", story_id),
+        ("assistant", " ".join(said), story_id),
+    ]
+
+
 def test_markdown_is_rendered_safely_and_ids_sit_in_a_detail(
     driver: WebDriver, web: WebCluster
 ) -> None:
-    reply = "Some **bold** and `code` <img src=x onerror=alert(1)>"
+    reply = (
+        "Some **bold** and `code` <img src=x onerror=alert(1)> "
+        "[docs](https://example.com/docs) [bad](javascript:void0)"
+    )
     _open(driver, web, {"delay": 0.01, "story": reply})
     turn = _send(driver, "markdown")
     assert _wait_end(driver, turn) == "completed"
@@ -153,6 +186,10 @@ def test_markdown_is_rendered_safely_and_ids_sit_in_a_detail(
     assert text.find_element(By.TAG_NAME, "code").text == "code"
     assert text.find_elements(By.TAG_NAME, "img") == []
     assert "<img src=x onerror=alert(1)>" in text.text
+    # A link only to a safe address; any other stays text.
+    (link,) = text.find_elements(By.TAG_NAME, "a")
+    assert (link.text, link.get_attribute("href")) == ("docs", "https://example.com/docs")
+    assert "[bad](javascript:void0)" in text.text
     # The main line shows the state; the ids only once the detail is opened.
     turn_id = turn.get_attribute("data-turn-id") or ""
     assert turn_id not in turn.text

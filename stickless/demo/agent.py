@@ -3,8 +3,10 @@
 Per-turn behaviour comes from `submit_options`: `delay` (seconds between words, else the
 agent's own), `story` (a long reply: the text itself, or `true` for `STORY`) and `recall` (report
 how many entries were committed before this turn). Every finished turn commits the user's and
-its own message to the transcript. Agents living in the demo's own process also keep an
-`AgentLedger` of what they did, which the in-process demo reports.
+its own message to the transcript. A NOW message sent while a reply streams joins that turn
+(`inject`): the reply acknowledges it in its text and the turn commits it as a user message too.
+Agents living in the demo's own process also keep an `AgentLedger` of what they did, which the
+in-process demo reports.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 from .._events import TextDelta
 from .._session import TurnContext
-from .._types import TranscriptEntry, TurnOutput
+from .._types import TranscriptEntry, TurnOutput, UserInput
 
 #: Agent name every demo session is bound to.
 AGENT_REF = "demo-agent"
@@ -52,6 +54,29 @@ class AgentLedger:
     opened: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
+@dataclass
+class _Said:
+    """What a turn's reply said so far, and the NOW messages that joined it."""
+
+    turn: TurnContext
+    parts: list[str] = field(default_factory=list)
+    #: Scripted words said (the acknowledgements not counted).
+    words: int = 0
+    joined: list[str] = field(default_factory=list)
+    acknowledged: int = 0
+
+    def say(self, text: str, scripted: bool = False) -> None:
+        self.turn.emit(TextDelta(text=text + " "))
+        self.parts.append(text)
+        self.words += scripted
+
+    def acknowledge(self) -> None:
+        """Say that each message that joined since the last call was heard."""
+        for message in self.joined[self.acknowledged :]:
+            self.say(f"(you also said {message!r})")
+        self.acknowledged = len(self.joined)
+
+
 class ScriptedAgent:
     """A LiveSession that streams a scripted reply word by word and stops when interrupted."""
 
@@ -62,6 +87,8 @@ class ScriptedAgent:
         self._ledger = ledger
         self._delay = token_delay
         self._turns = 0
+        #: The reply streaming now (None between turns): NOW messages join it.
+        self._streaming: _Said | None = None
 
     async def run_turn(self, turn: TurnContext) -> TurnOutput:
         """Stream the reply, then stage the user and assistant transcript entries."""
@@ -92,18 +119,34 @@ class ScriptedAgent:
             reply = f"you said {text!r}; I can see {history} committed entries before this"
         else:
             reply = f"you said {text!r}; this handle has now run {self._turns} turn(s)"
-        sent: list[str] = []
-        for word in reply.split():
-            if turn.interrupted.is_set():
-                return TurnOutput(text=" ".join(sent), data={**data, "words": len(sent)})
-            turn.emit(TextDelta(text=word + " "))
-            sent.append(word)
-            await asyncio.sleep(delay)
-        await turn.transcript.append(
-            TranscriptEntry(role="user", content=text),
-            TranscriptEntry(role="assistant", content=reply),
-        )
-        return TurnOutput(text=reply, data={**data, "words": len(sent)})
+        said = _Said(turn)
+        self._streaming = said
+        try:
+            for word in reply.split():
+                if turn.interrupted.is_set():
+                    break
+                said.acknowledge()
+                said.say(word, scripted=True)
+                await asyncio.sleep(delay)
+        finally:
+            self._streaming = None
+        said.acknowledge()  # one taken during the last word: answered before the turn ends
+        output = TurnOutput(text=" ".join(said.parts), data={**data, "words": said.words})
+        if not turn.interrupted.is_set():
+            await turn.transcript.append(
+                TranscriptEntry(role="user", content=text),
+                *(TranscriptEntry(role="user", content=message) for message in said.joined),
+                TranscriptEntry(role="assistant", content=output.text),
+            )
+        return output
+
+    async def inject(self, item: UserInput) -> bool:
+        """Take a NOW message while a reply streams (not once it ended or was interrupted)."""
+        said = self._streaming
+        if said is None or said.turn.interrupted.is_set():
+            return False
+        said.joined.append(item.as_text())
+        return True
 
     async def interrupt(self, reason: str) -> None:
         """Record the interrupt (with a ledger); the turn itself watches `turn.interrupted`."""

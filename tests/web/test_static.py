@@ -15,12 +15,17 @@ from stickless.web._static import STATIC_FILES
 CLIENT_SOURCE = Path(__file__).resolve().parents[2] / "clients" / "js"
 
 
-@pytest.mark.parametrize("name", ["stickless.js", "stickless.d.ts"])
-async def test_served_client_is_its_source(make_app: Callable[..., Any], name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "media_type"),
+    [("stickless.js", "text/javascript"), ("stickless.d.ts", "application/typescript")],
+)
+async def test_served_client_is_its_source(
+    make_app: Callable[..., Any], name: str, media_type: str
+) -> None:
     served = await make_app()
     answer = await served.client.get(f"/static/{name}")
     assert answer.status_code == 200
-    assert answer.headers["content-type"] == STATIC_FILES[name]
+    assert answer.headers["content-type"] == f"{media_type}; charset=utf-8"
     source = (CLIENT_SOURCE / name).read_text("utf-8")
     shipped = resources.files("stickless.web").joinpath("static", name).read_text("utf-8")
     assert shipped == source, f"copy clients/js/{name} to stickless/web/static/{name}"
@@ -35,6 +40,8 @@ async def test_page_files_and_nothing_else(make_app: Callable[..., Any]) -> None
     for name in STATIC_FILES:
         answer = await served.client.get(f"/static/{name}")
         assert answer.status_code == 200, name
+        if name.endswith(".js"):  # a browser runs a module script only with a JS media type
+            assert answer.headers["content-type"] == "text/javascript; charset=utf-8", name
     # The page's script loads the client and the renderer it is served with.
     assert 'from "/static/stickless.js"' in script and 'from "/static/markdown.js"' in script
     for name in ("index.html", "_static.py", "nope.js"):
