@@ -383,6 +383,35 @@ async def test_a_stream_opened_while_pubsub_is_down_catches_up_once_it_is_back(
         assert_complete(got, await logged_ids(p.a, handle.turn_id))
 
 
+async def test_own_frames_do_not_carry_a_stream_past_frames_it_missed(pair: Pair) -> None:
+    # Given a session stream on B, open and caught up, and B's pub/sub cut off
+    stream = pair.b.events(SESSION)
+    await stream.ready()
+    since = await last_logged_id(pair.a)
+    refused = await cut_pubsub(pair)
+    # When A runs a turn while B is cut off, then B takes the session over and runs one of
+    # its own (its frames reach B's streams without its pub/sub), and B's pub/sub comes back
+    missed = await pair.a.submit(req(SESSION, "warm"))
+    await missed.result
+    await pair.a.release_session(SESSION)
+    reading = asyncio.ensure_future(stream.__anext__())  # (a reader waiting all along)
+    own = await pair.b.submit(req(SESSION, "warm"))
+    assert own.kind is SubmitKind.EXECUTED_LOCALLY
+    await own.result
+    await heal(pair, refused)
+    # Then B's stream yields both turns' frames, each once, in log order, and no gap
+    got = [await reading]
+    async with stream:
+        async for frame in stream:
+            got.append(frame)
+            if frame.turn_id == own.turn_id and is_terminal(frame):
+                break
+    logged = [f async for f in logged_frames(pair.a.backends.events, SESSION, since)]
+    assert [f.event_id for f in got] == [f.event_id for f in logged]
+    assert {f.turn_id for f in got} == {missed.turn_id, own.turn_id}
+    assert stream.take_gaps() == []
+
+
 @pytest.mark.parametrize("reader", ["events", "sse"])
 async def test_a_stream_reports_the_gap_when_the_log_trimmed_what_it_missed(
     redis_url: str, fault_proxy: FaultProxy, reader: str
