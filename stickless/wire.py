@@ -330,6 +330,20 @@ class StatusPayload(BaseModel):
     oldest_pending_idle: float | None = None
 
 
+#: The longest event id (see `MAX_EVENT_ID_BYTES`), bounding a gap's fields.
+_MAX_EVENT_ID_CHARS = 41
+
+
+class GapNotice(BaseModel):
+    """A gap a stream reported (`router.StreamGap`), as it crosses a node boundary: frames
+    logged after `cursor` (None: not known where the stream stood) that the log no longer held
+    (its oldest id then `oldest_id`; None: none, or not readable)."""
+
+    model_config = _wire()
+    cursor: StrictStr | None = Field(default=None, max_length=_MAX_EVENT_ID_CHARS)
+    oldest_id: StrictStr | None = Field(default=None, max_length=_MAX_EVENT_ID_CHARS)
+
+
 def encode_event(event: Event) -> bytes:
     """Encode an event frame (without its event id, which the log assigns)."""
     return pack(event.model_dump(mode="json", exclude={"event_id"}))

@@ -10,6 +10,7 @@ import pytest
 
 from stickless import FailureCode, TurnFailedError, TurnState, is_terminal
 
+from .faults.proxy import FaultProxy
 from .ray_cluster import ray_cluster, wait_for  # noqa: F401  (fixture)
 from .redis_fixture import RedisServer
 
@@ -164,3 +165,49 @@ def test_the_local_cluster_leaves_the_machines_ray_pointer_alone(ray_cluster: An
     assert ray_cluster.address in own.read_text()
     machine = Path("/tmp/ray/ray_current_cluster")
     assert not machine.exists() or ray_cluster.address not in machine.read_text()
+
+
+def test_events_report_a_gap_where_the_log_lost_frames(
+    ray_cluster: Any,  # noqa: F811
+    redis_server: RedisServer,
+) -> None:
+    import ray
+    import redis
+
+    from stickless import StreamGap
+    from stickless.backends.redis._keys import Keys
+    from stickless.ray._actor import NodeRouter
+
+    namespace = f"gap{uuid.uuid4().hex[:6]}"
+    with FaultProxy("127.0.0.1", redis_server.port, password=redis_server.password) as proxy:
+        # Given a router reaching Redis through the fault proxy, and its `events` stream of a
+        # session that yielded a first turn's frames
+        router = (
+            ray.remote(NodeRouter)
+            .options(num_cpus=0)
+            .remote(proxy.url(), "tests.ray_agent:make_opener", namespace, TIMINGS, False)
+        )
+        try:
+            ray.get(router.run.remote(request("g1", "one")), timeout=60)
+            items = router.events.remote("g1", after="0-0")
+            first = [ray.get(next(items), timeout=30) for _ in range(3)]
+            assert [f.type for f in first][-1] == "turn_completed"
+            # When its pub/sub is cut off while a second turn runs, the log drops all but that
+            # turn's last frame (XDEL: its oldest id stays the first turn's), and the pub/sub
+            # comes back
+            refused = proxy.cut_before(command="SUBSCRIBE", times=None)
+            assert proxy.reset_connections(subscribed=True) == 1
+            refused.wait()
+            ray.get(router.run.remote(request("g1", "two")), timeout=60)
+            store = redis.Redis.from_url(redis_server.url)
+            log_key = Keys(namespace).event_log("g1")
+            *dropped, kept = [entry_id for entry_id, _ in store.xrange(log_key)][3:]
+            store.xdel(log_key, *dropped)
+            refused.cancel()
+            # Then the stream says where its gap lies, then goes on with what the log holds
+            gap, last = ray.get(next(items), timeout=30), ray.get(next(items), timeout=30)
+            assert gap == StreamGap(first[-1].event_id, first[0].event_id)
+            assert (last.type, last.event_id) == ("turn_completed", kept.decode())
+        finally:
+            ray.get(router.aclose.remote(1.0), timeout=30)
+            ray.kill(router)

@@ -34,6 +34,7 @@ from stickless import (
 )
 from stickless.backends.redis import RedisBackends
 from stickless.local_services import free_port
+from stickless.node import NodeClient, NodeServer, NodeService
 from stickless.router._stream import logged_frames
 from stickless.web import GatewaySettings, create_app
 from stickless.wire import Signal
@@ -383,20 +384,49 @@ async def test_a_stream_opened_while_pubsub_is_down_catches_up_once_it_is_back(
         assert_complete(got, await logged_ids(p.a, handle.turn_id))
 
 
-@pytest.mark.parametrize("reader", ["events", "sse"])
+async def test_own_frames_do_not_carry_a_stream_past_frames_it_missed(pair: Pair) -> None:
+    # Given a session stream on B, open and caught up, and B's pub/sub cut off
+    stream = pair.b.events(SESSION)
+    await stream.ready()
+    since = await last_logged_id(pair.a)
+    refused = await cut_pubsub(pair)
+    # When A runs a turn while B is cut off, then B takes the session over and runs one of
+    # its own (its frames reach B's streams without its pub/sub), and B's pub/sub comes back
+    missed = await pair.a.submit(req(SESSION, "warm"))
+    await missed.result
+    await pair.a.release_session(SESSION)
+    reading = asyncio.ensure_future(stream.__anext__())  # (a reader waiting all along)
+    own = await pair.b.submit(req(SESSION, "warm"))
+    assert own.kind is SubmitKind.EXECUTED_LOCALLY
+    await own.result
+    await heal(pair, refused)
+    # Then B's stream yields both turns' frames, each once, in log order, and no gap
+    got = [await reading]
+    async with stream:
+        async for frame in stream:
+            got.append(frame)
+            if frame.turn_id == own.turn_id and is_terminal(frame):
+                break
+    logged = [f async for f in logged_frames(pair.a.backends.events, SESSION, since)]
+    assert [f.event_id for f in got] == [f.event_id for f in logged]
+    assert {f.turn_id for f in got} == {missed.turn_id, own.turn_id}
+    assert stream.take_gaps() == []
+
+
+@pytest.mark.parametrize("reader", ["events", "sse", "node"])
 async def test_a_stream_reports_the_gap_when_the_log_trimmed_what_it_missed(
     redis_url: str, fault_proxy: FaultProxy, reader: str
 ) -> None:
-    # Given a log that keeps 4 frames, and a session stream on B (Python or SSE)
+    # Given a log that keeps 4 frames, and a session stream on B (Python, SSE, or over the
+    # node protocol)
     async with open_pair(redis_url, fault_proxy, event_log_max_len=4) as p:
         since = await last_logged_id(p.a)
         handle = await p.a.submit(req(SESSION, "go"))
         got: list[tuple[str, Any]] = []  # (kind, text / gap) in the order the reader met them
         heard_first = asyncio.Event()
+        readers = {"events": _read_events, "sse": _read_sse_kinds, "node": _read_node}
         reading = asyncio.ensure_future(
-            _read_events(p.b, handle.turn_id, since, got, heard_first)
-            if reader == "events"
-            else _read_sse_kinds(p.b, since, got, heard_first)
+            readers[reader](p.b, handle.turn_id, since, got, heard_first)
         )
 
         async def turn_id() -> str:
@@ -462,8 +492,39 @@ async def read_sse(
                 return
 
 
+async def _read_node(
+    router: SessionRouter,
+    turn_id: str,
+    since: str,
+    got: list[tuple[str, Any]],
+    heard: asyncio.Event,
+) -> None:
+    """`_read_events` through a client of the router's loopback node server."""
+    server = NodeServer(NodeService(router))
+    client = await NodeClient.connect(await server.start())
+    try:
+        stream = await client.events(SESSION, after=since)
+        await stream.ready()
+        async for frame in stream:
+            got.extend(("gap", gap) for gap in stream.take_gaps())
+            if frame.turn_id != turn_id:
+                continue
+            got.append((frame.type, frame.text if isinstance(frame, TextDelta) else None))
+            heard.set()
+            if is_terminal(frame):
+                await stream.aclose()
+                return
+    finally:
+        await client.aclose()
+        await server.aclose()
+
+
 async def _read_sse_kinds(
-    router: SessionRouter, since: str, got: list[tuple[str, Any]], heard: asyncio.Event
+    router: SessionRouter,
+    turn_id: str,
+    since: str,
+    got: list[tuple[str, Any]],
+    heard: asyncio.Event,
 ) -> None:
     seen: list[SseSeen] = []
     try:

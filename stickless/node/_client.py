@@ -8,11 +8,13 @@ import itertools
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import ValidationError
+
 from .._errors import RouterClosedError
 from .._events import Event
 from .._types import CommittedEntry, SubmitRequest, TurnResult
-from ..router import TurnInfo
-from ..wire import WireError, event_from_payload
+from ..router import StreamGap, TurnInfo
+from ..wire import GapNotice, WireError, event_from_payload
 from ._protocol import encode_frame, read_frame
 from ._service import error_from_wire
 
@@ -204,7 +206,8 @@ class NodeClient:
 
 
 class RemoteEventStream:
-    """Frames of one `events` subscription on a node; `await ready()` before relying on it."""
+    """Frames of one `events` (or `stream`) subscription on a node, and the gaps it met
+    (`take_gaps()`); `await ready()` before relying on it."""
 
     def __init__(self, client: NodeClient, request_id: int) -> None:
         self._client = client
@@ -213,6 +216,7 @@ class RemoteEventStream:
         self._ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         #: The submit's ticket, for a `stream` subscription (None for `events`).
         self.ticket: dict[str, Any] | None = None
+        self._gaps: list[StreamGap] = []
 
     def _deliver(self, frame: dict[str, Any]) -> None:
         if frame.get("ready"):
@@ -225,6 +229,9 @@ class RemoteEventStream:
         if "event" in frame:
             self._queue.put_nowait(("event", frame["event"]))
             return
+        if "gap" in frame:
+            self._queue.put_nowait(("gap", frame["gap"]))
+            return
         if not self._ready.done():
             self._ready.set_result(None)
         self._queue.put_nowait(("end", frame))  # a clean end, or an error
@@ -235,8 +242,17 @@ class RemoteEventStream:
     def __aiter__(self) -> RemoteEventStream:
         return self
 
+    def take_gaps(self) -> list[StreamGap]:
+        """The gaps the node's stream met since the last call (each lies before the next frame
+        yielded; see `EventStream.take_gaps`)."""
+        gaps, self._gaps = self._gaps, []
+        return gaps
+
     async def __anext__(self) -> Event:
         kind, item = await self._queue.get()
+        while kind == "gap":
+            self._gaps.append(_gap(item))
+            kind, item = await self._queue.get()
         if kind == "event":
             return event_from_payload(item)
         self._queue.put_nowait((kind, item))  # stay ended for later calls
@@ -246,3 +262,13 @@ class RemoteEventStream:
 
     async def aclose(self) -> None:
         await self._client._cancel(self._request_id)
+
+
+def _gap(raw: object) -> StreamGap:
+    """A gap frame's gap; one that does not read as a gap is still one (where it lies is then
+    not known)."""
+    try:
+        notice = GapNotice.model_validate(raw)
+    except ValidationError:
+        return StreamGap(None, None)
+    return StreamGap(notice.cursor, notice.oldest_id)

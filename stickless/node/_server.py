@@ -2,8 +2,10 @@
 
 Requests are `{"id", "op", "args"}`; answers are `{"id", "ok": True, "value"}` or
 `{"id", "ok": False, "error"}`; the `events` op answers `{"id", "ready": True}` once subscribed,
-streams `{"id", "event"}` frames and ends with `{"id", "ok": True, "value": None}`; the
-`stream` op does the same once submitted, its ready frame carrying the ticket.
+streams `{"id", "event"}` frames, a `{"id", "gap": {"cursor", "oldest_id"}}` frame where the
+stream met a gap (frames the event log no longer held when it caught up), and ends with
+`{"id", "ok": True, "value": None}`; the `stream` op does the same once submitted, its ready
+frame carrying the ticket.
 Requests on one connection run concurrently.
 """
 
@@ -16,7 +18,8 @@ from typing import Any
 
 from .._errors import InvalidRequestError
 from .._logs import get_logger
-from ..wire import WireError
+from ..router import EventStream, StreamGap, TurnStream, with_gaps
+from ..wire import GapNotice, WireError
 from ._protocol import encode_frame, read_frame
 from ._service import NodeService, error_to_wire, ticket_of
 
@@ -111,23 +114,13 @@ class NodeServer:
                 stream = service.router.events(
                     str(args["session_id"]), args.get("turn_id"), args.get("after")
                 )
-                try:
-                    await stream.ready()
-                    await send({"id": request_id, "ready": True})
-                    async for event in stream:
-                        await send({"id": request_id, "event": event.model_dump(mode="json")})
-                finally:
-                    await stream.aclose()
+                await _relay(request_id, stream, send, {})
                 value: Any = None
             elif op == "stream":
                 turn_stream = await service.stream(args["request"])
-                try:
-                    ticket = ticket_of(turn_stream.disposition)
-                    await send({"id": request_id, "ready": True, "ticket": ticket})
-                    async for event in turn_stream:
-                        await send({"id": request_id, "event": event.model_dump(mode="json")})
-                finally:
-                    await turn_stream.aclose()
+                await _relay(
+                    request_id, turn_stream, send, {"ticket": ticket_of(turn_stream.disposition)}
+                )
                 value = None
             elif op == "submit":
                 value = await service.submit(args["request"])
@@ -178,6 +171,28 @@ class NodeServer:
             await send({"id": request_id, "ok": False, "error": error_to_wire(exc)})
             return
         await send({"id": request_id, "ok": True, "value": value})
+
+
+async def _relay(
+    request_id: int,
+    stream: EventStream | TurnStream,
+    send: Callable[[dict[str, Any]], Awaitable[None]],
+    ready: dict[str, Any],
+) -> None:
+    """Send the ready frame (with `ready`'s fields) once the stream is ready, then its frames
+    and the gaps it met, each where it lies; the stream is closed in the end."""
+    try:
+        if isinstance(stream, EventStream):
+            await stream.ready()
+        await send({"id": request_id, "ready": True, **ready})
+        async for item in with_gaps(stream):
+            if isinstance(item, StreamGap):
+                gap = GapNotice(cursor=item.cursor, oldest_id=item.oldest_id)
+                await send({"id": request_id, "gap": gap.model_dump(mode="python")})
+            else:
+                await send({"id": request_id, "event": item.model_dump(mode="json")})
+    finally:
+        await stream.aclose()
 
 
 def _timeout(raw: object) -> float | None:

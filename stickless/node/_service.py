@@ -12,7 +12,7 @@ import asyncio
 import importlib
 import os
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from .._errors import (
@@ -202,18 +202,6 @@ class NodeService:
         stream = await self.router.stream(request)
         self._keep(stream.disposition)
         return stream
-
-    async def events(
-        self, session_id: str, turn_id: str | None = None, after: str | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
-        """The session's frames as primitives (see SessionRouter.events)."""
-        stream = self.router.events(session_id, turn_id=turn_id, after=after)
-        try:
-            await stream.ready()
-            async for event in stream:
-                yield event.model_dump(mode="json")
-        finally:
-            await stream.aclose()
 
     async def interrupt(
         self, session_id: str, reason: str = "USER", turn_id: str | None = None

@@ -26,7 +26,14 @@ from .._logs import get_logger
 from .._types import CommittedEntry, SubmitRequest, TurnResult
 from ..metrics import RayMetrics
 from ..node import NodeService, load_opener
-from ..router import ClusterSessionStatus, SessionRouter, SubmitDisposition, TurnInfo
+from ..router import (
+    ClusterSessionStatus,
+    SessionRouter,
+    StreamGap,
+    SubmitDisposition,
+    TurnInfo,
+    with_gaps,
+)
 
 log = get_logger("stickless.ray")
 
@@ -192,9 +199,10 @@ class NodeRouter:
 
     async def stream(
         self, request: SubmitRequest | Mapping[str, Any]
-    ) -> AsyncIterator[RouterTicket | Event]:
+    ) -> AsyncIterator[RouterTicket | Event | StreamGap]:
         """Submit and follow that turn (a Ray streaming generator): first the ticket, then the
-        turn's frames up to its terminal one (see SessionRouter.stream)."""
+        turn's frames up to its terminal one (see SessionRouter.stream), with a `StreamGap`
+        where frames the event log no longer held were lost to it."""
         payload = (
             request.model_dump(mode="python") if isinstance(request, SubmitRequest) else request
         )
@@ -202,8 +210,8 @@ class NodeRouter:
         stream = await service.stream(payload)
         try:
             yield RouterTicket.of(stream.disposition)
-            async for event in stream:
-                yield event
+            async for item in with_gaps(stream):
+                yield item
         finally:
             await stream.aclose()
 
@@ -214,14 +222,16 @@ class NodeRouter:
 
     async def events(
         self, session_id: str, after: str | None = None, turn_id: str | None = None
-    ) -> AsyncIterator[Event]:
-        """Stream the session's frames (a Ray streaming generator; `after=` resumes)."""
+    ) -> AsyncIterator[Event | StreamGap]:
+        """Stream the session's frames (a Ray streaming generator; `after=` resumes), with a
+        `StreamGap` where frames the event log no longer held were lost to the stream (see
+        `EventStream.take_gaps`)."""
         service = await self._svc()
         stream = service.router.events(session_id, turn_id=turn_id, after=after)
         try:
             await stream.ready()
-            async for event in stream:
-                yield event
+            async for item in with_gaps(stream):
+                yield item
         finally:
             await stream.aclose()
 

@@ -12,7 +12,7 @@ from ._api import (
 from ._dead_letters import DeadLetters, ReplayResult, deliver_replay
 from ._router import SessionRouter
 from ._stream import EventStream, StreamGap
-from ._turn_stream import TurnStream
+from ._turn_stream import TurnStream, with_gaps
 
 __all__ = [
     "ClusterSessionStatus",
@@ -29,4 +29,5 @@ __all__ = [
     "TurnState",
     "TurnStream",
     "deliver_replay",
+    "with_gaps",
 ]

@@ -189,7 +189,9 @@ class ControlChannel(RouterPart):
             await quiet(self._backends.signals.unsubscribe_events(sub.session_id))
 
     async def _on_event_signal(self, signal: Signal) -> None:
-        if signal.origin == self._node_id or signal.known_kind() is not SignalKind.EVENT:
+        # This node's own logged frames come this way too: the channel is the one source of
+        # logged frames, so a stream's position is never past a frame it has not heard.
+        if signal.known_kind() is not SignalKind.EVENT:
             return
         frames, unreadable = frames_from_payload(signal.payload)
         if unreadable:
@@ -198,7 +200,8 @@ class ControlChannel(RouterPart):
 
     async def deliver_frames(self, session_id: str, frames: Sequence[Event]) -> None:
         """Log a batch of frames and publish it on the rail as one signal, in one store call
-        (assigning event ids), then fan it out locally."""
+        (assigning event ids); local streams hear it on the session's channel (or from here,
+        when the store call failed)."""
         batch = list(frames)
         ids: list[str] | None = None
         try:
@@ -216,15 +219,17 @@ class ControlChannel(RouterPart):
     def fan_out_logged(
         self, session_id: str, frames: Sequence[Event], ids: Sequence[str] | None
     ) -> None:
-        """Hand frames the store logged and published (under `ids`; None or empty: unknown)
-        to this node's local subscribers."""
-        if self._hub.has(session_id):
-            local = list(frames)
-            if ids:
-                local = [
-                    f.model_copy(update={"event_id": i}) for f, i in zip(frames, ids, strict=True)
-                ]
-            self._hand_out(session_id, local)
+        """Frames this node's store call logged and published under `ids` reach its local
+        streams on the session's channel, in log order with every other node's; frames whose
+        call failed (`ids` None or empty: not logged, or logged under ids never learned) are
+        handed to them here, without ids (a copy the channel also brings is skipped by turn,
+        attempt and seq).
+
+        Handing logged frames out here instead would let a stream pass them while frames other
+        nodes logged before them are still due on a channel that went down: a catch-up past
+        the stream's position would then skip those (see docs/architecture.md, "Streams")."""
+        if not ids:
+            self._hand_out(session_id, list(frames))
 
     def _hand_out(self, session_id: str, frames: Sequence[Event]) -> None:
         """Give frames to the session's local subscribers, noting the newest event id."""

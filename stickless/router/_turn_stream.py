@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from .._errors import TurnFailedError
@@ -217,3 +217,15 @@ class TurnStream:
                 executed_by=result.executed_by,
             )
         return traced(frame, self._trace or disposition.trace)
+
+
+async def with_gaps(stream: EventStream | TurnStream) -> AsyncIterator[Event | StreamGap]:
+    """The stream's frames with each gap it met where it lies (before the next frame, or at
+    its end): what a caller across a boundary is sent, so it learns of a gap as one here does
+    from `take_gaps()`. The caller closes the stream."""
+    async for frame in stream:
+        for gap in stream.take_gaps():
+            yield gap
+        yield frame
+    for gap in stream.take_gaps():
+        yield gap

@@ -52,9 +52,14 @@ REFUSED_BUT_QUEUED_BUG = False
 #: (between the purge and the EVICT) is failed by that EVICT with EVICTED, while the message
 #: survives, runs under the next lease and commits.
 LATE_DELIVERY_EVICT_BUG = False
-#: (open) The fault storm's stream check (tests/storm/streams.py) saw, in 1 of its 6 CI runs, a
+#: (fixed) The fault storm's stream check (tests/storm/streams.py) saw, in 1 of its 6 CI runs, a
 #: session stream resumed on another node that missed a turn's first frames, or yielded a turn
-#: out of order, around a redis-server restart combined with node kills. No focused repro yet
-#: (tests/test_stream_catch_up.py covers each fault alone). While True, such symptoms are listed
-#: as known-bug hits.
-STREAM_COMPLETENESS_BUG = True
+#: out of order, around a redis-server restart combined with node kills. A node handed its own
+#: logged frames to its local streams directly: while its pub/sub was down, they moved a
+#: stream's position past frames other nodes had logged before them, and the catch-up after
+#: the resubscribe read the log past that position (repro:
+#: tests/test_stream_catch_up.py::test_own_frames_do_not_carry_a_stream_past_frames_it_missed).
+#: Own frames now reach local streams on the session's channel, in log order. Also, a gap a
+#: node's stream met (a catch-up the log could not give in full) did not cross the node
+#: protocol, so the storm saw a miss where the stream had reported one; it crosses now.
+STREAM_COMPLETENESS_BUG = False

@@ -4,10 +4,11 @@ that every frame logged for a turn reached each of them once, in order (or a gap
 `StreamWatch` keeps one `events()` stream per session open on a random live node process for
 the whole storm, from the log's origin on. When its node dies (or refuses it) the stream is
 opened again on another live node past the last event id it yielded, as a client resuming with
-`Last-Event-ID` would; a resume the log can no longer serve (`EventCursorTrimmedError`) is the
-gap the stream reports. Over the node protocol that is the only way a gap is reported: the
-storm's log never trims (its bound is far above the frames a storm logs) and survives Redis
-restarts (append-only), so a storm's stream reports none.
+`Last-Event-ID` would; a resume the log can no longer serve (`EventCursorTrimmedError`) is a
+gap, and so is one the node's stream sends (`take_gaps()`: a catch-up the log could not give
+in full, such as a log out of reach for seconds). The storm's log never trims (its bound is
+far above the frames a storm logs) and survives Redis restarts (append-only), so a gap there
+is rare; each is printed when the watch closes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from stickless._errors import EventCursorTrimmedError
 from stickless.backends.base import Backends, event_id_key
+from stickless.router import StreamGap
 from stickless.router._stream import ORIGIN, logged_frames
 
 from ..mp_cluster import poll
@@ -41,10 +43,15 @@ class StreamRecord:
     #: the times the stream was opened. A frame has no id when its node's relay call failed
     #: (its own streams get it, unlogged, or logged with an id it never learned).
     frames: list[tuple[int, str | None, FrameKey]] = field(default_factory=list)
-    #: (cursor, oldest id then held) of every resume the log could no longer serve.
-    gaps: list[tuple[str, str | None]] = field(default_factory=list)
+    #: (cursor, oldest id then held) of every gap: a resume the log could no longer serve, or
+    #: one the stream reported (a catch-up the log could not give in full; a None cursor: the
+    #: stream did not know where it stood).
+    gaps: list[tuple[str | None, str | None]] = field(default_factory=list)
     #: The nodes it was opened on, in order, with the cursor of each opening.
     nodes: list[tuple[str, str]] = field(default_factory=list)
+
+    def note_gaps(self, gaps: Sequence[StreamGap]) -> None:
+        self.gaps.extend((gap.cursor, gap.oldest_id) for gap in gaps)
 
     @property
     def last_id(self) -> str | None:
@@ -77,6 +84,7 @@ class StreamWatch:
                 continue
             node = self._rng.choice(list(alive))
             record.nodes.append((node.node_id, cursor))
+            stream = None
             try:
                 stream = await node.client.events(record.session_id, after=cursor)
                 await stream.ready()
@@ -84,13 +92,17 @@ class StreamWatch:
                     ready.set_result(None)
                 opening = len(record.nodes)
                 async for frame in stream:
+                    record.note_gaps(stream.take_gaps())
                     key = (frame.turn_id, frame.attempt, frame.seq)
                     record.frames.append((opening, frame.event_id, key))
                     cursor = frame.event_id or cursor
+                record.note_gaps(stream.take_gaps())
             except EventCursorTrimmedError as exc:
                 record.gaps.append((cursor, exc.oldest_id))
                 cursor = ORIGIN
             except Exception:  # its node died, or was cut off: resume on another
+                if stream is not None:
+                    record.note_gaps(stream.take_gaps())
                 await asyncio.sleep(_REOPEN_PAUSE)  # (a pause between retries, not a sync)
 
     async def settle(self, backends: Backends) -> None:
@@ -114,6 +126,10 @@ class StreamWatch:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        for record in self.records:
+            for cursor, oldest in record.gaps:
+                print(f"stream of {record.session_id} reported a gap after {cursor} "
+                      f"(oldest then {oldest}; on {record.nodes})")
 
 
 async def _logged(backends: Backends, session_id: str) -> list[tuple[str, FrameKey, str]]:
@@ -188,9 +204,9 @@ def _disorder(record: StreamRecord, order: dict[FrameKey, tuple[int, int]]) -> l
     return []
 
 
-def _in_gap(event_id: str, gaps: list[tuple[str, str | None]]) -> bool:
+def _in_gap(event_id: str, gaps: list[tuple[str | None, str | None]]) -> bool:
     key = event_id_key(event_id)
     return any(
-        event_id_key(cursor) < key and (oldest is None or key < event_id_key(oldest))
+        event_id_key(cursor or ORIGIN) < key and (oldest is None or key < event_id_key(oldest))
         for cursor, oldest in gaps
     )
