@@ -235,6 +235,7 @@ class SessionRouter:
             return
         self._loop = asyncio.get_running_loop()
         self._store_warnings = await self._verify_store()
+        self._backends.watch_answers(self._renewer.answered)
         await self._control.open(self._signal_handlers(), self._resubscribed)
         try:
             await io(self._renewer.register(self._backends))

@@ -6,6 +6,7 @@ store's own clock, never the caller's, so nodes with skewed clocks agree.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from ._chat_streams import ChatStreams
@@ -167,6 +168,12 @@ class Backends(EventRelayPath, Protocol):
     def clone(self, role: str = "clone") -> Backends:
         """A bundle over the same data with its own connections (for another thread's loop),
         named for `role` where the store lists its clients."""
+        ...
+
+    def watch_answers(self, answered: Callable[[], None]) -> None:
+        """Call `answered` (on the bundle's own event loop) whenever a store call over this
+        bundle's connections got the store's answer: proof that its command path works, which
+        a busy pool's queue must not hide from the node's path check (see "Node liveness")."""
         ...
 
     async def verify(self) -> tuple[str, ...]:

@@ -111,6 +111,9 @@ class MemoryBackends:
         """True once `sever()` was called."""
         return self._link.severed
 
+    def watch_answers(self, answered: Callable[[], None]) -> None:
+        """Nothing to watch: memory has no path to stall (its probe answers while linked)."""
+
     async def verify(self) -> tuple[str, ...]:
         """Nothing to check: memory keeps everything until it is removed."""
         return ()

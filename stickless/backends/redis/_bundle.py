@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -290,6 +290,10 @@ class RedisBackends:
             self.allow_evicting_redis,
             role,
         )
+
+    def watch_answers(self, answered: Callable[[], None]) -> None:
+        """Call `answered` whenever a command over this bundle's pool got the server's answer."""
+        self._connections.pool.answered = answered
 
     async def verify(self) -> tuple[str, ...]:
         """Check that this user may do what stickless does and that the server keeps every key

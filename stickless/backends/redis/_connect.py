@@ -4,11 +4,13 @@ so after a failover every connection (commands, pub/sub, the renewer's own) foll
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
-from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
 #: The scheme of a Sentinel URL.
@@ -73,7 +75,20 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
     return SentinelTarget(sentinels, unquote(service), username, password, int(db_values[0]))
 
 
-class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
+class AnsweringPool(BlockingConnectionPool):
+    """A blocking pool that tells `answered` each time a connection comes back still connected:
+    its command got the server's answer (redis-py drops a connection whose call failed on the
+    way, before it is released), so the node's command path works however busy the pool is."""
+
+    answered: Callable[[], None] | None = None
+
+    async def release(self, connection: AbstractConnection) -> None:
+        if self.answered is not None and connection.is_connected:
+            self.answered()
+        await super().release(connection)
+
+
+class BlockingSentinelPool(SentinelConnectionPool, AnsweringPool):
     """A Sentinel pool whose callers wait for a free connection, like the direct bundle's."""
 
 
@@ -81,7 +96,7 @@ class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
 class Connections:
     """A bundle's command pool, its pub/sub client, and the Sentinel client behind them."""
 
-    pool: ConnectionPool
+    pool: AnsweringPool
     pubsub: Redis
     sentinel: Sentinel | None = None
 
@@ -101,7 +116,7 @@ def connect(
     the connection keywords; `pubsub_options` the connection keywords of the pub/sub client.
     """
     if not is_sentinel_url(url):
-        pool = BlockingConnectionPool.from_url(url, **pool_options)
+        pool = AnsweringPool.from_url(url, **pool_options)
         return Connections(pool, Redis.from_url(url, **pubsub_options))
     target = parse_sentinel_url(url)
     auth = {"username": target.username, "password": target.password, "db": target.db}
