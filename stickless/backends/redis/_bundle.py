@@ -86,6 +86,23 @@ class Retention:
                 raise ValueError(f"{name} must be a positive number of seconds")
 
 
+def _bounded_timeouts(socket_timeout: float, socket_connect_timeout: float | None) -> float:
+    """The connect timeout (the socket timeout unless given), both checked bounded: every store
+    call is, so a stalled path fails calls instead of hanging them ("Node liveness").
+
+    Raises:
+        ValueError: a timeout that is not a positive, finite number of seconds.
+    """
+    connect_timeout = socket_timeout if socket_connect_timeout is None else socket_connect_timeout
+    for field, bound in (
+        ("socket_timeout", socket_timeout),
+        ("socket_connect_timeout", connect_timeout),
+    ):
+        if not (isinstance(bound, int | float) and math.isfinite(bound) and bound > 0):
+            raise ValueError(f"{field} must be a positive, finite number of seconds")
+    return connect_timeout
+
+
 def _open(
     url: str, client_options: dict[str, Any], allow_evicting_redis: bool, role: str
 ) -> Connections:
@@ -246,17 +263,7 @@ class RedisBackends:
             raise ValueError("max_connections must be >= 1 and pool_timeout > 0")
         if ssl_ca_certs is not None:
             client_options["ssl_ca_certs"] = check_ca_file(url, ssl_ca_certs)
-        connect_timeout = (
-            socket_timeout if socket_connect_timeout is None else socket_connect_timeout
-        )
-        # Every store call is bounded, so a stalled path fails calls instead of hanging them
-        # (see "Node liveness" in docs/architecture.md).
-        for field, bound in (
-            ("socket_timeout", socket_timeout),
-            ("socket_connect_timeout", connect_timeout),
-        ):
-            if not (isinstance(bound, int | float) and math.isfinite(bound) and bound > 0):
-                raise ValueError(f"{field} must be a positive, finite number of seconds")
+        connect_timeout = _bounded_timeouts(socket_timeout, socket_connect_timeout)
         options: dict[str, Any] = {
             "max_connections": max_connections,
             "pool_timeout": pool_timeout,
